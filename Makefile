@@ -1,0 +1,29 @@
+# Two commands for a fresh machine (see README):
+#   make demo   set everything up, then stream a real sequence through an S4D model
+#   make test   set everything up, then run the whole test suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PLUGINS := $(wildcard plugins/zoo-*)
+# The CPU wheel first: a bare `torch` requirement with no torch installed would pull a CUDA build.
+TORCH ?= torch==2.13.0
+
+.PHONY: setup demo test bench clean
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,data]" $(addprefix -e ,$(PLUGINS))
+	touch $@
+
+demo: setup
+	$(VENV)/bin/zoo stream specs/s4d-basicmotions.yaml
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) benchmarks/bench_s4d.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info plugins/*/src/*.egg-info

@@ -1,0 +1,167 @@
+"""S4D: a diagonal SISO state space model per channel.
+
+Letters: B batch, L length, H channels (d_model), N state size, P = N/2 stored conjugate pairs.
+
+    continuous   x'(t) = Λ x(t) + B u(t),   y = 2 Re(C x) + D u       Λ, B, C ∈ C^(H×P)
+    discrete     x_t = Ā x_{t−1} + B̄ u_t                              (ZOH / bilinear / Euler)
+    convolution  y = K * u + D u,  K_l = 2 Re Σ_p C_p B̄_p Ā_p^l     (Vandermonde kernel, FFT)
+
+Complex parameters are stored as real tensors with a trailing dimension of 2, so ``.to(dtype)``
+and safetensors see real tensors only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from zoo_core.backends import resolve
+from zoo_core.init.diag import log_uniform_dt, s4d_init
+from zoo_core.kernels.systems import DiagSystem
+from zoo_core.plugins import get_registry
+from zoo_core.protocols import CoreBase, OptimHint, State
+from zoo_core.registry import Problem
+
+from .plugin import CAPABILITIES
+
+_STATE_CHUNK = 1024  # time steps per block when folding a sequence into the final state
+
+
+def _complex_of(real: torch.dtype) -> torch.dtype:
+    return torch.complex128 if real == torch.float64 else torch.complex64
+
+
+class S4D(CoreBase):
+    capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES)
+    paths: ClassVar[dict[str, tuple[str, ...]]] = {"conv": ("kernel", "conv"), "recurrent": ("scan",)}
+    prefer: ClassVar[tuple[str, ...]] = ("conv", "recurrent")
+    reference: ClassVar[dict[str, str]] = {"scan": "naive"}
+    problem: ClassVar[Problem] = Problem(structure="diag", lti=True, complex=True)
+
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 64,
+        init: str = "legs",
+        discretizer: str = "zoh",
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
+        dt_scale: float = 1.0,
+        ssm_lr: float | None = 1e-3,
+        backend: str | Mapping[str, str] = "auto",
+        *,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        real = dtype or torch.get_default_dtype()
+        H, P = d_model, d_state // 2
+        self.d_model, self.d_state, self.dt_scale, self.ssm_lr = d_model, d_state, float(dt_scale), ssm_lr
+        lam, b = s4d_init(init, H, d_state, dtype=_complex_of(real))  # (H, P) complex each
+        kw = {"device": device, "dtype": real}
+        self.log_dt = nn.Parameter(log_uniform_dt(H, dt_min, dt_max, dtype=real).to(device))  # (H,)
+        self.log_A_real = nn.Parameter(torch.log(-lam.real).to(**kw))  # (H, P)  Re Λ = −exp(·)
+        self.A_imag = nn.Parameter(lam.imag.to(**kw))  # (H, P)
+        self.B = nn.Parameter(torch.view_as_real(b).to(**kw))  # (H, P, 2)
+        self.C = nn.Parameter(torch.view_as_real(torch.randn(H, P, dtype=_complex_of(real))).to(**kw))  # (H, P, 2)
+        self.D = nn.Parameter(torch.randn(H, **kw))  # (H,)
+        registry = get_registry()
+        disc = registry.discretizer(discretizer)
+        if "diag" not in disc.structures:
+            raise ValueError(f"discretizer {discretizer!r} does not handle diagonal systems")
+        self.discretizer = discretizer
+        self._discretize = disc.load()
+        self.backend_choice = resolve(backend, paths=self.paths, prefer=self.prefer, reference=self.reference,
+                                      problem=self.problem, who="core 's4d'", registry=registry)
+
+    # parameters -> discrete system ------------------------------------------------------
+    def _discrete(self) -> Any:
+        dt = torch.exp(self.log_dt) * self.dt_scale  # (H,)
+        A = torch.complex(-torch.exp(self.log_A_real), self.A_imag)  # (H, P)
+        return self._discretize(A, torch.view_as_complex(self.B), dt[:, None], structure="diag")
+
+    def _C(self) -> Tensor:
+        return torch.view_as_complex(self.C)  # (H, P)
+
+    # sequence --------------------------------------------------------------------------
+    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
+        return self._run(x, state, want_state=False)[0]
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        y, h = self._run(x, state, want_state=True)
+        return y, {"h": h}
+
+    def _run(self, x: Tensor, state: State | None, want_state: bool) -> tuple[Tensor, Tensor | None]:
+        d = self._discrete()
+        h0 = None if state is None else state["h"]  # (B, H, P)
+        if self.backend_choice.path == "recurrent":
+            y, h = self._recurrent(x, d, h0)
+        else:
+            y = self._convolve(x, d, h0)
+            h = self._final_state(x, d, h0) if want_state else None
+        return y + x * self.D, h  # (B, L, H)
+
+    def _convolve(self, x: Tensor, d: Any, h0: Tensor | None) -> Tensor:
+        L = x.shape[1]
+        C = self._C()
+        kernel = self.backend_choice.fn("kernel")
+        K = kernel(DiagSystem(d.log_a, 2 * C * d.b), L)  # (H, L)
+        y = self.backend_choice.fn("conv")(x, K)  # (B, L, H)
+        if h0 is not None:  # y_t += 2 Re Σ_p C_p Ā_p^(t+1) h0_p
+            Bsz, H, P = h0.shape
+            w = (2 * C * d.a * h0).reshape(Bsz * H, P)  # (B·H, P)
+            log_a = d.log_a.expand(Bsz, H, P).reshape(Bsz * H, P)
+            y = y + kernel(DiagSystem(log_a, w), L).reshape(Bsz, H, L).transpose(1, 2)
+        return y
+
+    def _final_state(self, x: Tensor, d: Any, h0: Tensor | None) -> Tensor:
+        """x_L = Ā^L h0 + Σ_s Ā^(L−1−s) B̄ u_s, in blocks of time so memory stays O(H·P·chunk)."""
+        L = x.shape[1]
+        u = x.to(d.b.dtype)  # (B, L, H) complex
+        h = torch.zeros(x.shape[0], *d.b.shape, dtype=d.b.dtype, device=x.device)  # (B, H, P)
+        for s0 in range(0, L, _STATE_CHUNK):
+            s = torch.arange(s0, min(L, s0 + _STATE_CHUNK), device=x.device)
+            power = torch.exp(d.log_a[..., None] * (L - 1 - s).to(d.log_a.real.dtype))  # (H, P, T)
+            h = h + torch.einsum("bth,hpt->bhp", u[:, s0:s0 + len(s)], power)
+        h = h * d.b
+        if h0 is not None:
+            h = h + torch.exp(d.log_a * L) * h0
+        return h  # (B, H, P)
+
+    def _recurrent(self, x: Tensor, d: Any, h0: Tensor | None) -> tuple[Tensor, Tensor]:
+        bu = d.b * x[..., None].to(d.b.dtype)  # (B, L, H, P)
+        h, h_last = self.backend_choice.fn("scan")(d.a[None, None], bu, h0, structure="diag")  # (B, L, H, P)
+        y = 2 * torch.einsum("blhp,hp->blh", h, self._C()).real  # (B, L, H)
+        return y.to(x.dtype), h_last
+
+    # streaming -------------------------------------------------------------------------
+    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
+        d = self._discrete()
+        h = d.a * state["h"] + d.b * x_t[..., None].to(d.b.dtype)  # (B, H, P)
+        y = 2 * (h * self._C()).sum(-1).real + self.D * x_t  # (B, H)
+        return y.to(x_t.dtype), {"h": h}
+
+    def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
+        real = dtype or self.D.dtype
+        return {"h": torch.zeros(batch_size, self.d_model, self.d_state // 2,
+                                 dtype=_complex_of(real), device=device or self.D.device)}
+
+    # capabilities ----------------------------------------------------------------------
+    def rescale_dt(self, factor: float) -> None:
+        """Multiply every Δ by ``factor`` (2.0: the input is sampled at half the rate)."""
+        if not (factor > 0 and math.isfinite(factor)):
+            raise ValueError(f"dt rescaling factor must be a positive finite number, got {factor}")
+        self.dt_scale *= factor
+
+    def optim_hints(self) -> Mapping[str, OptimHint]:
+        if self.ssm_lr is None:
+            return {}
+        hint = OptimHint(lr=self.ssm_lr, weight_decay=0.0)
+        return {name: hint for name in ("log_dt", "log_A_real", "A_imag", "B")}
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, d_state={self.d_state}, discretizer={self.discretizer}, backend={self.backend_choice.label()}"

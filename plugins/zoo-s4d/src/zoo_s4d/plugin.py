@@ -1,0 +1,34 @@
+"""Registers the S4D core. Metadata only: the model code is imported when a model is built."""
+
+from __future__ import annotations
+
+from zoo_core import hookimpl
+
+from .params import S4DParams
+
+zoo_api = 1
+
+CAPABILITIES = ("step", "initial_state", "lti", "complex_params", "continuous_time")
+
+CARD = """S4D (Gu, Gupta, Goel, Ré 2022): one diagonal SISO state space model per channel,
+x' = Λx + Bu, y = 2Re(Cx) + Du, N/2 conjugate pairs stored; S4D-LegS/Lin/Inv/Real spectra;
+ZOH or bilinear; log-uniform Δ per channel; Vandermonde kernel + FFT convolution for training,
+the diagonal recurrence for streaming."""
+
+
+@hookimpl
+def zoo_register_cores(register):  # type: ignore[no-untyped-def]
+    register(
+        "s4d",
+        "zoo_s4d.core:S4D",
+        params=S4DParams,
+        presets={
+            "tiny": {"d_state": 8},
+            "small": {"d_state": 32},
+            "base": {"d_state": 64},
+            "lin": {"d_state": 64, "init": "lin"},
+            "bilinear": {"d_state": 64, "discretizer": "bilinear"},
+        },
+        capabilities=CAPABILITIES,
+        card=CARD,
+    )

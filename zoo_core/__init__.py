@@ -1,0 +1,52 @@
+"""SSM Zoo core: protocols, plugins, specs, model assembly, kernels, IO and the conformance suite.
+
+Importing ``zoo_core`` does not import torch; the model-building API is loaded on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import (
+    BackendUnavailableError,
+    CheckpointError,
+    DuplicateNameError,
+    PluginLoadError,
+    SpecError,
+    UnknownNameError,
+    ZooError,
+)
+from .hookspecs import hookimpl
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "build_model": "zoo_core.build",
+    "SequenceModel": "zoo_core.model",
+    "save_pretrained": "zoo_core.io",
+    "load_pretrained": "zoo_core.io",
+    "load_spec": "zoo_core.spec",
+    "get_registry": "zoo_core.plugins",
+    "rescale_sampling_rate": "zoo_core.model",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'zoo_core' has no attribute {name!r}")
+
+
+__all__ = [
+    "BackendUnavailableError",
+    "CheckpointError",
+    "DuplicateNameError",
+    "PluginLoadError",
+    "SpecError",
+    "UnknownNameError",
+    "ZooError",
+    "hookimpl",
+    *_LAZY,
+]

@@ -1,0 +1,128 @@
+"""Blocks: norm → core → activation → dropout → output map (GLU / linear) → dropout → residual.
+
+Letters: B batch, L length, H model width. Every block has ``forward_with_state`` and ``step``,
+with the same maths, so a stack of blocks streams exactly as it runs in parallel (in eval mode).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .protocols import State
+
+NORMS = ("layer", "rms", "batch", "none")
+ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "identity")
+OUTPUTS = ("glu", "linear", "none")
+
+
+class ChannelBatchNorm(nn.Module):
+    """BatchNorm over channels for (B, L, H) or (B, H) inputs (statistics over batch and time)."""
+
+    def __init__(self, d_model: int, **kw: Any) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(d_model, **kw)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() == 2:  # (B, H): one time step
+            return self.bn(x)
+        return self.bn(x.transpose(1, 2)).transpose(1, 2)  # (B, L, H)
+
+
+def make_norm(kind: str, d_model: int, **kw: Any) -> nn.Module:
+    if kind == "layer":
+        return nn.LayerNorm(d_model, **kw)
+    if kind == "rms":
+        return nn.RMSNorm(d_model, eps=1e-5, **kw)
+    if kind == "batch":
+        return ChannelBatchNorm(d_model, **kw)
+    if kind == "none":
+        return nn.Identity()
+    raise ValueError(f"unknown norm {kind!r}; choose one of {NORMS}")
+
+
+def make_activation(kind: str) -> nn.Module:
+    table = {
+        "gelu": lambda: nn.GELU(),
+        "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+        "silu": nn.SiLU,
+        "relu": nn.ReLU,
+        "identity": nn.Identity,
+    }
+    if kind not in table:
+        raise ValueError(f"unknown activation {kind!r}; choose one of {ACTIVATIONS}")
+    return table[kind]()
+
+
+def make_output(kind: str, d_model: int, **kw: Any) -> nn.Module:
+    if kind == "glu":  # Linear(H, 2H) then GLU: the same as (W1 x + b1) ⊙ σ(W2 x + b2)
+        return nn.Sequential(nn.Linear(d_model, 2 * d_model, **kw), nn.GLU(dim=-1))
+    if kind == "linear":
+        return nn.Linear(d_model, d_model, **kw)
+    if kind == "none":
+        return nn.Identity()
+    raise ValueError(f"unknown block output {kind!r}; choose one of {OUTPUTS}")
+
+
+class Block(nn.Module):
+    """One residual block around an SSM core."""
+
+    def __init__(
+        self,
+        core: nn.Module,
+        d_model: int,
+        *,
+        norm: str = "layer",
+        prenorm: bool = True,
+        activation: str = "gelu",
+        output: str = "glu",
+        dropout: float = 0.0,
+        residual: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.norm = make_norm(norm, d_model, **kw)
+        self.core = core
+        self.act = make_activation(activation)
+        self.out = make_output(output, d_model, **kw)
+        self.drop = nn.Dropout(dropout)
+        self.prenorm = prenorm
+        self.residual = residual
+
+    def _pre(self, x: Tensor) -> Tensor:
+        return self.norm(x) if self.prenorm else x
+
+    def _post(self, x: Tensor, y: Tensor) -> Tensor:
+        y = self.drop(self.out(self.drop(self.act(y))))
+        z = x + y if self.residual else y
+        return z if self.prenorm else self.norm(z)
+
+    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
+        return self._post(x, self.core(self._pre(x), state))  # (B, L, H)
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        y, new_state = self.core.forward_with_state(self._pre(x), state)  # (B, L, H)
+        return self._post(x, y), new_state
+
+    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
+        y_t, new_state = self.core.step(self._pre(x_t), state)  # (B, H)
+        return self._post(x_t, y_t), new_state
+
+    def init_state(self, batch_size: int, **kw: Any) -> State:
+        return self.core.init_state(batch_size, **kw)
+
+
+def count_params(module: nn.Module) -> int:
+    """Parameters counted once each (shared tensors once), complex entries counted as two reals."""
+    seen: set[int] = set()
+    total = 0
+    for p in module.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel() * (2 if torch.is_complex(p) else 1)
+    return total

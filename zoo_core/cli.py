@@ -1,0 +1,222 @@
+"""The ``zoo`` command line. ``zoo --help``, ``zoo list`` and ``zoo plugins`` never import torch.
+
+Exit codes: 0 ok, 1 unexpected failure, 2 usage / spec / input errors, 3 integrity errors
+(weights files), 4 plugin errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import ZooError
+
+log = logging.getLogger("zoo_core.cli")
+
+
+def _registry() -> Any:
+    from .plugins import get_registry
+
+    return get_registry()
+
+
+# list / info / plugins (torch-free) ---------------------------------------------------------
+LIST_KINDS = ("cores", "presets", "backends", "discretizers", "stacking_policies", "datasets", "converters")
+
+
+def _rows(kind: str) -> list[dict[str, Any]]:
+    reg = _registry()
+    if kind == "presets":
+        return [{"name": n, "core": c.name, "params": dict(c.presets[p])} for n, (c, p) in sorted(reg.presets().items())]
+    if kind == "backends":
+        return [
+            {"name": f"{op}:{b.name}", "op": op, "priority": b.priority, "available": b.unavailable_reason() is None,
+             "description": b.description, "provider": b.provider.dist}
+            for (op, _), b in sorted(reg.backends.items())
+        ]
+    rows = []
+    for name, e in sorted(getattr(reg, kind).items()):
+        row = {"name": name, "provider": e.provider.dist, "description": getattr(e, "description", "")}
+        if kind == "cores":
+            row.update(capabilities=sorted(e.capabilities), presets=sorted(e.presets), description=e.card.split("\n")[0])
+        if kind == "discretizers":
+            row["structures"] = sorted(e.structures)
+        rows.append(row)
+    return rows
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    kinds = [args.kind] if args.kind else list(LIST_KINDS)
+    table = {k: [r for r in _rows(k) if fnmatch.fnmatch(r["name"], args.pattern)] for k in kinds}
+    if args.json:
+        print(json.dumps(table, indent=2))
+        return 0
+    for kind, rows in table.items():
+        if not rows:
+            continue
+        print(f"{kind.replace('_', ' ')}:")
+        for r in rows:
+            extra = f"  [{r['provider']}]" if kind != "presets" else f"  {r['params']}"
+            note = "" if r.get("available", True) else "  (unavailable)"
+            print(f"  {r['name']:<24}{r.get('description', '')[:70]}{note}{extra}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .errors import UnknownNameError, did_you_mean
+
+    reg = _registry()
+    name = args.name
+    info: dict[str, Any]
+    if name in reg.presets():
+        core, preset = reg.presets()[name]
+        info = {"kind": "preset", "name": name, "core": core.name, "params": dict(core.presets[preset])}
+    elif name in reg.cores:
+        e = reg.cores[name]
+        info = {"kind": "core", "name": name, "provider": str(e.provider), "capabilities": sorted(e.capabilities),
+                "presets": {k: dict(v) for k, v in e.presets.items()}, "card": e.card,
+                "params": e.params.model_json_schema()}
+    elif any(n == name or f"{op}:{n}" == name for (op, n) in reg.backends):
+        info = {"kind": "backend", "name": name, "implementations": [
+            {"op": op, "priority": b.priority, "description": b.description, "provider": str(b.provider),
+             "unavailable": b.unavailable_reason()}
+            for (op, n), b in sorted(reg.backends.items()) if n == name or f"{op}:{n}" == name]}
+    elif name in reg.discretizers:
+        e = reg.discretizers[name]
+        info = {"kind": "discretizer", "name": name, "structures": sorted(e.structures), "description": e.description, "provider": str(e.provider)}
+    elif name in reg.stacking_policies:
+        e = reg.stacking_policies[name]
+        info = {"kind": "stacking policy", "name": name, "description": e.description, "provider": str(e.provider)}
+    else:
+        names = [*reg.cores, *reg.presets(), *reg.discretizers, *reg.stacking_policies, *(n for _, n in reg.backends)]
+        raise UnknownNameError(f"nothing is registered as {name!r};{did_you_mean(name, names)} see `zoo list`.")
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    for key, value in info.items():
+        text = json.dumps(value, indent=2, default=str) if isinstance(value, (dict, list)) else str(value)
+        print(f"{key}: {text}")
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    reg = _registry()
+    rows = [p.as_dict() for p in reg.plugins]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for p in rows:
+        provides = ", ".join(f"{k}: {len(v)}" for k, v in p["provides"].items())
+        print(f"{p['status']:<9}{p['dist']} {p['version']}  ({p['name']} -> {p['module']})  {provides}")
+        if p["error"]:
+            print(f"         {p['error']}")
+    return 0
+
+
+# spec commands --------------------------------------------------------------------------------
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .spec import load_spec
+
+    spec = load_spec(args.spec)
+    m = spec.envelope.model
+    print(f"{args.spec}: ok ({spec.core.name} from {spec.core.provider.dist}, depth {m.depth}, d_model {m.d_model})")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from .spec.jsonschema import full_schema
+
+    print(json.dumps(full_schema(_registry()), indent=2))
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from .build import build_model, summary
+
+    model = build_model(args.spec, seed=args.seed)
+    print(summary(model))
+    if args.output:
+        path = model.save_pretrained(args.output)
+        print(f"saved to {path}")
+    return 0
+
+
+def cmd_stream(args: argparse.Namespace) -> int:
+    from .demo import stream_demo
+
+    return stream_demo(args.spec, dataset=args.dataset, index=args.index, seed=args.seed)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="zoo", description="SSM Zoo: build, inspect and check state space sequence models.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log backend choices and show tracebacks")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    s = sub.add_parser("list", help="list registered cores, presets, backends, discretizers, stacking policies")
+    s.add_argument("pattern", nargs="?", default="*", help="wildcard filter on names, e.g. 's4d*'")
+    s.add_argument("--kind", choices=LIST_KINDS)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_list)
+    s = sub.add_parser("info", help="details of one registered name (core, preset, backend, ...)")
+    s.add_argument("name")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_info)
+    s = sub.add_parser("plugins", help="installed plugins and their load status")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_plugins)
+    s = sub.add_parser("validate", help="validate a spec file")
+    s.add_argument("spec")
+    s.set_defaults(fn=cmd_validate)
+    s = sub.add_parser("schema", help="JSON Schema of specs, including every core's params")
+    s.set_defaults(fn=cmd_schema)
+    s = sub.add_parser("build", help="build a model from a spec and print its summary")
+    s.add_argument("spec")
+    s.add_argument("-o", "--output", help="save the initialised model to this folder")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(fn=cmd_build)
+    s = sub.add_parser("stream", help="run a model on a real sequence in parallel and streamed through step, and compare")
+    s.add_argument("spec")
+    s.add_argument("--dataset", default="basicmotions", help="a bundled dataset (zoo list --kind datasets)")
+    s.add_argument("--index", type=int, default=0, help="which test sequence")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(fn=cmd_stream)
+    _plugin_commands(sub)
+    return p
+
+
+def _plugin_commands(sub: Any) -> None:
+    """Let plugins add subcommands; a failing plugin loses only its own commands."""
+    from .plugins import call_command_hooks
+
+    try:
+        problems = call_command_hooks(sub)
+    except ZooError as exc:  # the registry itself failed (strict mode, duplicate names)
+        problems = [str(exc)]
+    for problem in problems:
+        log.warning(problem)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    if not getattr(args, "fn", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.fn(args) or 0)
+    except ZooError as exc:
+        if args.verbose:
+            raise
+        print(f"zoo {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

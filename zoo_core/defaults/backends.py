@@ -1,0 +1,48 @@
+"""Default kernel backends: naive references first, then the fast pure-PyTorch ones."""
+
+from __future__ import annotations
+
+from ..hookspecs import hookimpl
+from ..registry import Problem
+
+zoo_api = 1
+
+
+def _structures(*allowed: str):  # type: ignore[no-untyped-def]
+    def supports(p: Problem) -> str | None:
+        if p.structure not in allowed:
+            return f"it handles {'/'.join(allowed)} systems, not {p.structure!r}"
+        return None
+
+    return supports
+
+
+def _lti_only(p: Problem) -> str | None:
+    if not p.lti:
+        return "a convolution needs a time-invariant (LTI) system; this core is input-dependent"
+    return None
+
+
+def _kernel(*allowed: str):  # type: ignore[no-untyped-def]
+    structures = _structures(*allowed)
+    return lambda p: _lti_only(p) or structures(p)
+
+
+@hookimpl
+def zoo_register_backends(register):  # type: ignore[no-untyped-def]
+    register("naive", "kernel", "zoo_core.kernels.kernel:kernel_naive", priority=0,
+             supports=_kernel("diag", "dense"),
+             description="reference: powers of the discrete state matrix, one step at a time (O(N·L), O(N²·L) dense)")
+    register("vandermonde", "kernel", "zoo_core.kernels.kernel:kernel_vandermonde", priority=10,
+             supports=_kernel("diag"),
+             description="diagonal systems: blocked Vandermonde product, exp only on O(N·(T + L/T)) entries, memory O(H·(N·√L + L))")
+    register("naive", "conv", "zoo_core.kernels.conv:conv_naive", priority=0, supports=_lti_only,
+             description="reference: direct causal convolution, O(L²)")
+    register("fft", "conv", "zoo_core.kernels.conv:conv_fft", priority=10, supports=_lti_only,
+             description="causal convolution by real FFT zero-padded to 2L, O(L log L)")
+    register("naive", "scan", "zoo_core.kernels.scan:scan_naive", priority=0,
+             supports=_structures("diag", "block2x2"),
+             description="reference: sequential loop h_t = a_t ⊗ h_{t−1} + b_t")
+    register("scan", "scan", "zoo_core.kernels.scan:scan_parallel", priority=10,
+             supports=_structures("diag", "block2x2"),
+             description="parallel: chunked log-depth (Hillis–Steele within chunks, recursive over chunk carries)")

@@ -1,0 +1,15 @@
+"""Default stacking policies: independent (ABCDEF) and periodic sharing (ABCABC, ABABAB, AAAAAA)."""
+
+from __future__ import annotations
+
+from ..hookspecs import hookimpl
+
+zoo_api = 1
+
+
+@hookimpl
+def zoo_register_stacking_policies(register):  # type: ignore[no-untyped-def]
+    register("independent", "zoo_core.stacking:Independent",
+             description="every depth position has its own block (ABCDEF)")
+    register("periodic", "zoo_core.stacking:Periodic",
+             description="period m blocks reused cyclically, θ_ℓ = θ_((ℓ−1) mod m)+1 (ABCABC for m=3, AAAAAA for m=1)")

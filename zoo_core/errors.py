@@ -1,0 +1,74 @@
+"""Typed exceptions. Each says what failed, why, and how to fix it.
+
+CLI exit codes: 2 for usage / spec / input errors, 3 for integrity errors (weights files),
+4 for plugin errors.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+def suggest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
+    """Closest names to `name` among `candidates`, best first."""
+    return difflib.get_close_matches(name, sorted(set(candidates)), n=n, cutoff=0.5)
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """' did you mean X?' or '' when nothing is close."""
+    close = suggest(name, candidates)
+    if not close:
+        return ""
+    return " did you mean " + " or ".join(repr(c) for c in close) + "?"
+
+
+class ZooError(Exception):
+    """Base class of every error the zoo raises on purpose."""
+
+    exit_code = 1
+
+
+class SpecError(ZooError, ValueError):
+    """A spec (YAML file or dict) is malformed or names something that does not exist."""
+
+    exit_code = 2
+
+
+class UnknownNameError(ZooError, KeyError):
+    """A registry lookup failed; the message lists close names."""
+
+    exit_code = 2
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class BackendUnavailableError(ZooError, ValueError):
+    """A kernel backend cannot serve a core (missing package, wrong structure, device, ...)."""
+
+    exit_code = 2
+
+
+class CheckpointError(ZooError, ValueError):
+    """A weights file or saved folder is corrupt, incomplete or does not fit the model."""
+
+    exit_code = 3
+
+
+class PluginError(ZooError, RuntimeError):
+    """Base class of plugin loading problems."""
+
+    exit_code = 4
+
+
+class PluginLoadError(PluginError):
+    """A plugin failed to import or to register (named by distribution and version)."""
+
+
+class DuplicateNameError(PluginError):
+    """Two plugins registered the same name."""
+
+
+class PluginAPIVersionError(PluginError):
+    """A plugin was written for an incompatible zoo plugin API."""

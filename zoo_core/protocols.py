@@ -1,0 +1,96 @@
+"""The four extension points, as typed Protocols.
+
+Letters: B batch, L length, H model width, N state size. Layout is batch-first (B, L, H);
+a recurrent state is a ``dict[str, Tensor]``. The conformance suite (``zoo_core.testing``) is
+what enforces these; ``runtime_checkable`` only checks that the methods exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
+
+from torch import Tensor, nn
+
+State = dict[str, Tensor]
+
+# Capability names a core may declare.
+CAPABILITIES = frozenset({
+    "step",             # step() advances one token
+    "initial_state",    # forward(x, state) starts from a given state
+    "lti",              # time-invariant: conv backends apply
+    "complex_params",   # holds complex parameters (saved as real views)
+    "continuous_time",  # has a step size Δ: the sampling rate can be rescaled
+})
+
+
+class OptimHint(NamedTuple):
+    """Per-parameter optimiser settings a core asks for (S4's ``_optim`` convention)."""
+
+    lr: float | None = None
+    weight_decay: float | None = None
+
+
+@runtime_checkable
+class SSMCore(Protocol):
+    """A sequence mixer without norm or residual: (B, L, H) -> (B, L, H)."""
+
+    capabilities: ClassVar[frozenset[str]]
+
+    def forward(self, x: Tensor, state: State | None = None) -> Tensor: ...
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]: ...
+
+    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]: ...
+
+    def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State: ...
+
+    def optim_hints(self) -> Mapping[str, OptimHint]: ...
+
+
+@runtime_checkable
+class Discretizer(Protocol):
+    """Continuous (A, B, Δ) -> discrete (Ā, B̄, log Ā or None) for a declared structure."""
+
+    def __call__(self, A: Tensor, B: Tensor, dt: Tensor, *, structure: str = "diag") -> Any: ...
+
+
+@runtime_checkable
+class KernelBackend(Protocol):
+    """One implementation of one op ("kernel", "conv" or "scan"); see ``zoo_core.registry.BackendEntry``."""
+
+    name: str
+    op: str
+    priority: int
+
+    def supports(self, problem: Any) -> str | None: ...
+
+    def load(self) -> Any: ...
+
+
+@runtime_checkable
+class StackingPolicy(Protocol):
+    """Depth as data: how many distinct blocks, and which one runs at each depth position."""
+
+    def num_blocks(self, depth: int) -> int: ...
+
+    def schedule(self, depth: int) -> Sequence[int]: ...
+
+
+class CoreBase(nn.Module):
+    """Optional base class: ``forward`` and ``step`` from ``forward_with_state``, empty hints."""
+
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+
+    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
+        return self.forward_with_state(x, state)[0]
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        raise NotImplementedError
+
+    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
+        y, new_state = self.forward_with_state(x_t[:, None, :], state)
+        return y[:, 0], new_state
+
+    def optim_hints(self) -> Mapping[str, OptimHint]:
+        return {}

@@ -1,0 +1,229 @@
+"""The registry: what the installed plugins registered, with provenance.
+
+Entries are metadata; code named by a ``"module:attr"`` target is imported on ``load()``, so
+listing the registry never imports torch or model code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import BackendUnavailableError, UnknownNameError, did_you_mean
+
+# Distributions that provide the built-in families; used only for install hints.
+KNOWN_PLUGINS: dict[str, str] = {
+    "s4": "zoo-s4",
+    "s4d": "zoo-s4d",
+    "s5": "zoo-s5",
+    "lru": "zoo-lru",
+    "linoss": "zoo-linoss",
+    "lrcssm": "zoo-lrcssm",
+    "mamba": "zoo-mamba",
+}
+
+OPS = ("kernel", "conv", "scan")
+
+
+@dataclass(frozen=True)
+class Provider:
+    """Where a registration came from."""
+
+    plugin: str
+    dist: str
+    version: str
+
+    def __str__(self) -> str:
+        return f"{self.dist} {self.version} (plugin {self.plugin!r})"
+
+
+def _resolve(target: Any) -> Any:
+    if not isinstance(target, str):
+        return target
+    module, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split(".") if attr else []:
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True)
+class CoreEntry:
+    name: str
+    target: Any
+    params: type
+    presets: Mapping[str, Mapping[str, Any]]
+    capabilities: frozenset[str]
+    card: str
+    provider: Provider
+
+    def load(self) -> type:
+        """The core class (imports the plugin's model code)."""
+        return _resolve(self.target)
+
+    def preset(self, name: str) -> dict[str, Any]:
+        if name not in self.presets:
+            raise UnknownNameError(
+                f"core {self.name!r} has no preset {name!r};"
+                f"{did_you_mean(name, self.presets)} presets: {', '.join(sorted(self.presets))}"
+            )
+        return dict(self.presets[name])
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a core asks of a backend, in torch-free terms.
+
+    structure: "diag", "dplr", "dense" or "block2x2"; lti: time-invariant system;
+    complex: complex-valued state; device: "cpu", "cuda", ...; dtype: "float32", ...
+    """
+
+    structure: str = "diag"
+    lti: bool = True
+    complex: bool = False
+    device: str = "cpu"
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    name: str
+    op: str
+    target: Any
+    priority: int
+    supports_fn: Callable[[Problem], str | None] | None
+    requires: tuple[str, ...]
+    description: str
+    provider: Provider
+
+    def unavailable_reason(self) -> str | None:
+        """Why this backend cannot run at all here (a missing package), or None."""
+        for mod in self.requires:
+            if importlib.util.find_spec(mod) is None:
+                return f"package {mod!r} is not installed"
+        return None
+
+    def supports(self, problem: Problem) -> str | None:
+        """None if this backend can serve ``problem``, else the reason it cannot."""
+        reason = self.unavailable_reason()
+        if reason is None and self.supports_fn is not None:
+            reason = self.supports_fn(problem)
+        return reason
+
+    def load(self) -> Callable[..., Any]:
+        return _resolve(self.target)
+
+
+@dataclass(frozen=True)
+class DiscretizerEntry:
+    name: str
+    target: Any
+    structures: frozenset[str]
+    description: str
+    provider: Provider
+
+    def load(self) -> Callable[..., Any]:
+        return _resolve(self.target)
+
+
+@dataclass(frozen=True)
+class SimpleEntry:
+    """Stacking policies, datasets, converters: a name, a target and a description."""
+
+    name: str
+    target: Any
+    description: str
+    provider: Provider
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def load(self) -> Any:
+        return _resolve(self.target)
+
+
+KINDS = ("cores", "backends", "discretizers", "stacking_policies", "datasets", "converters")
+
+
+@dataclass
+class Registry:
+    """Everything registered, by kind. Build one with ``zoo_core.plugins.load_registry``."""
+
+    cores: dict[str, CoreEntry] = field(default_factory=dict)
+    backends: dict[tuple[str, str], BackendEntry] = field(default_factory=dict)
+    discretizers: dict[str, DiscretizerEntry] = field(default_factory=dict)
+    stacking_policies: dict[str, SimpleEntry] = field(default_factory=dict)
+    datasets: dict[str, SimpleEntry] = field(default_factory=dict)
+    converters: dict[str, SimpleEntry] = field(default_factory=dict)
+    plugins: list[Any] = field(default_factory=list)  # PluginInfo, in load order
+
+    # lookups -----------------------------------------------------------------------------
+    def core(self, name: str) -> CoreEntry:
+        if name in self.cores:
+            return self.cores[name]
+        msg = f"unknown core {name!r};{did_you_mean(name, self.cores)}"
+        family = name.split("-")[0]
+        if family in KNOWN_PLUGINS:
+            msg += f" it is provided by the plugin {KNOWN_PLUGINS[family]!r}, which is not installed: pip install -e plugins/{KNOWN_PLUGINS[family]} (or pip install {KNOWN_PLUGINS[family]})."
+        failed = [p for p in self.plugins if p.status == "failed"]
+        if failed:
+            msg += " Plugins that failed to load: " + "; ".join(f"{p.dist} {p.version}: {p.error}" for p in failed) + "."
+        msg += f" Registered cores: {', '.join(sorted(self.cores)) or '(none)'}."
+        return _raise_unknown(msg)
+
+    def backend(self, op: str, name: str) -> BackendEntry:
+        if (op, name) in self.backends:
+            return self.backends[(op, name)]
+        names = [n for (o, n) in self.backends if o == op]
+        return _raise_unknown(
+            f"unknown {op} backend {name!r};{did_you_mean(name, names)} {op} backends: {', '.join(sorted(names))}."
+        )
+
+    def backends_for(self, op: str) -> list[BackendEntry]:
+        """Backends of one op, best (highest priority) first."""
+        found = [b for (o, _), b in self.backends.items() if o == op]
+        return sorted(found, key=lambda b: (-b.priority, b.name))
+
+    def discretizer(self, name: str) -> DiscretizerEntry:
+        if name in self.discretizers:
+            return self.discretizers[name]
+        return _raise_unknown(
+            f"unknown discretizer {name!r};{did_you_mean(name, self.discretizers)} discretizers: {', '.join(sorted(self.discretizers))}."
+        )
+
+    def stacking_policy(self, name: str) -> SimpleEntry:
+        if name in self.stacking_policies:
+            return self.stacking_policies[name]
+        return _raise_unknown(
+            f"unknown stacking policy {name!r};{did_you_mean(name, self.stacking_policies)} policies: {', '.join(sorted(self.stacking_policies))}."
+        )
+
+    def presets(self) -> dict[str, tuple[CoreEntry, str]]:
+        """All presets as ``core-preset`` names."""
+        return {f"{c.name}-{p}": (c, p) for c in self.cores.values() for p in c.presets}
+
+    def names(self, kind: str) -> list[str]:
+        if kind == "backends":
+            return sorted(f"{op}:{name}" for (op, name) in self.backends)
+        if kind == "presets":
+            return sorted(self.presets())
+        return sorted(getattr(self, kind))
+
+
+def _raise_unknown(msg: str) -> Any:
+    raise UnknownNameError(msg)
+
+
+def check_backend(entry: BackendEntry, problem: Problem, who: str) -> None:
+    """Raise BackendUnavailableError with the reason if ``entry`` cannot serve ``problem``."""
+    reason = entry.supports(problem)
+    if reason is not None:
+        raise BackendUnavailableError(f"{entry.op} backend {entry.name!r} cannot serve {who}: {reason}.")
+
+
+def iter_entries(reg: Registry) -> Iterable[tuple[str, str, Any]]:
+    """(kind, name, entry) for every registration."""
+    for kind in KINDS:
+        for key, entry in getattr(reg, kind).items():
+            yield kind, (f"{key[0]}:{key[1]}" if isinstance(key, tuple) else key), entry

@@ -1,0 +1,131 @@
+"""Specs: YAML → envelope (stage 1) → each component's own params (stage 2) → ``Spec``.
+
+Errors name the file, line, column and key path, and suggest close names. A spec can only name
+registered components: nothing in it is ever imported or executed.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ..errors import SpecError, ZooError
+from ..registry import OPS, CoreEntry, Registry
+from .errors import format_validation_error, spec_error
+from .schema import SCHEMA_VERSION, ModelSpec
+from .yaml_loader import Positions, load_yaml, load_yaml_file
+
+__all__ = ["SCHEMA_VERSION", "ModelSpec", "Spec", "load_spec", "load_yaml", "validate_spec"]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A fully validated spec: the envelope plus the resolved components."""
+
+    envelope: ModelSpec
+    core: CoreEntry
+    core_params: BaseModel
+    policy: Any
+    positions: Positions
+
+    @property
+    def filename(self) -> str:
+        return self.positions.filename
+
+    def resolved(self) -> dict[str, Any]:
+        """The spec with presets merged and every default written out (what a saved model stores)."""
+        out = self.envelope.model_dump(mode="json", exclude_none=True)
+        out["model"]["pool"] = self.envelope.pool
+        params = self.core_params.model_dump(mode="json", exclude={"d_model"})
+        out["model"]["core"] = {"kind": self.core.name, **params}
+        return copy.deepcopy(out)
+
+
+def load_spec(source: str | os.PathLike[str] | Mapping[str, Any], *, registry: Registry | None = None) -> Spec:
+    """Load and validate a spec from a YAML file path or a dict."""
+    if isinstance(source, Mapping):
+        data, positions = dict(source), Positions("<dict>", {})
+    else:
+        data, positions = load_yaml_file(source)
+    return validate_spec(data, positions, registry=registry)
+
+
+def validate_spec(data: Any, positions: Positions, *, registry: Registry | None = None) -> Spec:
+    if registry is None:
+        from ..plugins import get_registry
+
+        registry = get_registry()
+    try:
+        env = ModelSpec.model_validate(data)
+    except ValidationError as exc:
+        raise format_validation_error(exc, positions, model=ModelSpec) from None
+    entry = _lookup(positions, ("model", "core", "kind"), lambda: registry.core(env.model.core.kind))
+    params = _core_params(env, entry, positions)
+    policy = _policy(env, registry, positions)
+    _check_backend(params, entry, registry, positions)
+    return Spec(env, entry, params, policy, positions)
+
+
+def _lookup(positions: Positions, loc: tuple[Any, ...], fn: Any) -> Any:
+    try:
+        return fn()
+    except ZooError as exc:
+        raise spec_error(positions, loc, str(exc)) from None
+
+
+def _core_params(env: ModelSpec, entry: CoreEntry, positions: Positions) -> BaseModel:
+    core = env.model.core
+    merged: dict[str, Any] = {}
+    if core.preset is not None:
+        merged.update(_lookup(positions, ("model", "core", "preset"), lambda: entry.preset(core.preset)))
+    explicit = dict(core.model_extra or {})
+    if "d_model" in explicit:
+        raise spec_error(positions, ("model", "core", "d_model"),
+                         "d_model is set once for the whole model: move it to model.d_model")
+    merged.update(explicit)
+    merged["d_model"] = env.model.d_model
+    try:
+        return entry.params.model_validate(merged)
+    except ValidationError as exc:
+        raise format_validation_error(exc, positions, prefix=("model", "core"), model=entry.params) from None
+
+
+def _policy(env: ModelSpec, registry: Registry, positions: Positions) -> Any:
+    st = env.model.stacking
+    cls = _lookup(positions, ("model", "stacking", "policy"), lambda: registry.stacking_policy(st.policy).load())
+    kwargs = {} if st.period is None else {"period": st.period}
+    try:
+        policy = cls(**kwargs)
+    except TypeError:
+        raise spec_error(positions, ("model", "stacking", "period"),
+                         f"stacking policy {st.policy!r} takes no period; remove model.stacking.period "
+                         "or use policy: periodic") from None
+    try:
+        policy.num_blocks(env.model.depth)
+    except SpecError as exc:
+        raise spec_error(positions, ("model", "stacking", "period"), str(exc)) from None
+    return policy
+
+
+def _check_backend(params: BaseModel, entry: CoreEntry, registry: Registry, positions: Positions) -> None:
+    """Backend names must exist and be able to serve the core (resolution needs the core class)."""
+    setting = getattr(params, "backend", "auto")
+    loc = ("model", "core", "backend")
+    if isinstance(setting, dict):
+        for op, name in setting.items():
+            if op not in OPS:
+                raise spec_error(positions, loc + (op,), f"unknown op {op!r}; ops are {', '.join(OPS)}")
+            _lookup(positions, loc + (op,), lambda op=op, name=name: registry.backend(op, name))
+    cls = entry.load()
+    if not hasattr(cls, "paths"):
+        return  # a core with a single fixed computation declares no backend paths
+    from ..backends import resolve
+
+    _lookup(positions, loc, lambda: resolve(
+        setting, paths=cls.paths, prefer=cls.prefer, reference=cls.reference,
+        problem=cls.problem, who=f"core {entry.name!r}", registry=registry))

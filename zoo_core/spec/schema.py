@@ -1,0 +1,115 @@
+"""The spec envelope (stage 1). Core params are validated in stage 2 by the core's own model.
+
+Everything is ``extra="forbid"`` and strict (no '64' → 64, no true → 1), with bounds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class TaskSpec(_Strict):
+    """What the model predicts."""
+
+    kind: Literal["classification", "regression", "sequence", "lm"]
+    classes: int | None = Field(None, gt=1, le=10**6, description="number of classes (classification)")
+    outputs: int | None = Field(None, gt=0, le=10**6, description="output width (regression, sequence)")
+
+    @model_validator(mode="after")
+    def _needs(self) -> TaskSpec:
+        need = {"classification": "classes", "regression": "outputs", "sequence": "outputs"}.get(self.kind)
+        if need and getattr(self, need) is None:
+            raise ValueError(f"task kind {self.kind!r} needs task.{need}")
+        extra = [f for f in ("classes", "outputs") if f != need and getattr(self, f) is not None]
+        if extra:
+            raise ValueError(f"task kind {self.kind!r} does not take task.{extra[0]}")
+        return self
+
+
+class InputSpec(_Strict):
+    """What the model reads: real features (``channels``) or tokens (``vocab_size``)."""
+
+    channels: int | None = Field(None, gt=0, le=10**6)
+    vocab_size: int | None = Field(None, gt=1, le=10**7)
+
+    @model_validator(mode="after")
+    def _one(self) -> InputSpec:
+        if (self.channels is None) == (self.vocab_size is None):
+            raise ValueError("set exactly one of input.channels (real features) or input.vocab_size (tokens)")
+        return self
+
+
+class StackingSpec(_Strict):
+    policy: str = Field("independent", description="a registered stacking policy (zoo list stacking)")
+    period: int | None = Field(None, gt=0, le=4096, description="blocks per period (policy 'periodic')")
+
+
+class BlockSpec(_Strict):
+    norm: Literal["layer", "rms", "batch", "none"] = "layer"
+    prenorm: bool = True
+    activation: Literal["gelu", "gelu_tanh", "silu", "relu", "identity"] = "gelu"
+    output: Literal["glu", "linear", "none"] = "glu"
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    residual: bool = True
+
+
+class CoreSpec(BaseModel):
+    """``kind`` names a registered core; ``preset`` one of its presets; the rest are its params."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+
+    kind: str
+    preset: str | None = None
+
+
+class ModelBody(_Strict):
+    d_model: int = Field(gt=0, le=65536)
+    depth: int = Field(gt=0, le=4096)
+    stacking: StackingSpec = StackingSpec()
+    block: BlockSpec = BlockSpec()
+    core: CoreSpec
+    pool: Literal["mean", "last", "none"] | None = Field(
+        None, description="default: mean for classification/regression, none for sequence/lm"
+    )
+    final_norm: Literal["layer", "rms", "batch", "none"] = "none"
+    tie_embeddings: bool = Field(False, description="lm only: the head reuses the embedding matrix")
+
+
+class ModelSpec(_Strict):
+    schema_version: Literal[1]
+    name: str | None = Field(None, max_length=200)
+    description: str | None = Field(None, max_length=10_000)
+    task: TaskSpec
+    input: InputSpec
+    model: ModelBody
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelSpec:
+        if self.task.kind == "lm" and self.input.vocab_size is None:
+            raise ValueError("task kind 'lm' reads tokens: set input.vocab_size")
+        if self.model.tie_embeddings and self.task.kind != "lm":
+            raise ValueError("model.tie_embeddings applies to task kind 'lm' only")
+        pooled = self.task.kind in ("classification", "regression")
+        if self.model.pool == "none" and pooled:
+            raise ValueError(f"task kind {self.task.kind!r} needs a pool (mean or last)")
+        if self.model.pool not in (None, "none") and not pooled:
+            raise ValueError(f"task kind {self.task.kind!r} predicts every step: model.pool must be none")
+        return self
+
+    @property
+    def pool(self) -> str:
+        if self.model.pool is not None:
+            return self.model.pool
+        return "mean" if self.task.kind in ("classification", "regression") else "none"
+
+
+def envelope_schema() -> dict[str, Any]:
+    return ModelSpec.model_json_schema()
