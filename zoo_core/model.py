@@ -117,13 +117,13 @@ class SequenceModel(nn.Module):
 
     # convenience -----------------------------------------------------------------------
     def save_pretrained(self, directory: str) -> Any:
-        from .io import save_pretrained
+        from .io.pretrained import save_pretrained
 
         return save_pretrained(self, directory)
 
     @classmethod
     def from_pretrained(cls, directory: str, **kw: Any) -> SequenceModel:
-        from .io import load_pretrained
+        from .io.pretrained import load_pretrained
 
         return load_pretrained(directory, **kw)
 

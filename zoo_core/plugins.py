@@ -37,6 +37,7 @@ from .registry import (
 GROUP = "zoo_core.plugins"
 PLUGIN_API = 1
 CORE_DIST = "zoo-core"
+INLINE_DIST = "<inline>"
 
 
 @dataclass
@@ -97,8 +98,8 @@ def entry_point_sources() -> list[PluginSource]:
 
 
 def _selected(src: PluginSource) -> bool:
-    if src.dist == CORE_DIST:
-        return True  # the essential set is never disabled
+    if src.dist == CORE_DIST or src.dist == INLINE_DIST:
+        return True  # the essential set is never disabled; inline plugins were asked for explicitly
     if _env_flag("ZOO_DISABLE_PLUGIN_AUTOLOAD"):
         return False
     allow = os.environ.get("ZOO_LOAD_PLUGINS")
@@ -265,7 +266,7 @@ def call_command_hooks(cli: Any, reg: Registry | None = None) -> list[str]:
     return problems
 
 
-def inline_source(name: str, plugin: Any, *, dist: str = "<inline>", version: str = "0") -> PluginSource:
+def inline_source(name: str, plugin: Any, *, dist: str = INLINE_DIST, version: str = "0") -> PluginSource:
     """A plugin object as a load source, for tests and notebooks."""
     return PluginSource(name, dist, version, getattr(plugin, "__name__", repr(plugin)), lambda: plugin)
 

@@ -1,0 +1,363 @@
+"""Conformance checks as plain functions of a ``CoreCase`` (usable without pytest).
+
+Letters: B batch, L length, H width. References run in float64. Each check raises
+``ConformanceError`` with the check's name and what differed, or ``Skip`` when the core does not
+declare the capability the check needs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+
+from ..protocols import CAPABILITIES, SSMCore
+from ..registry import Registry
+
+F64 = torch.float64
+
+
+class ConformanceError(AssertionError):
+    """A core broke the protocol; the message names the check and the difference."""
+
+
+class Skip(Exception):
+    """The check does not apply to this core (a capability it does not declare)."""
+
+
+@dataclass
+class CoreCase:
+    """A core under test: its class, params (the ``tiny`` preset), params model and capabilities."""
+
+    name: str
+    cls: type
+    params: dict[str, Any]
+    params_model: type
+    capabilities: frozenset[str]
+    presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    registry: Registry | None = None
+    rtol: float = 1e-7
+    atol: float = 1e-9
+
+    @property
+    def d_model(self) -> int:
+        return int(self.params["d_model"])
+
+    def make(self, *, dtype: torch.dtype = F64, seed: int = 0, backend: Any = None) -> Any:
+        torch.manual_seed(seed)
+        params = dict(self.params)
+        if backend is not None:
+            params["backend"] = backend
+        return self.cls(**params, dtype=dtype)
+
+    def needs(self, capability: str) -> None:
+        if capability not in self.capabilities:
+            raise Skip(f"core {self.name!r} does not declare {capability!r}")
+
+
+def case_from_registry(name: str, *, preset: str = "tiny", d_model: int = 5, registry: Registry | None = None) -> CoreCase:
+    if registry is None:
+        from ..plugins import get_registry
+
+        registry = get_registry()
+    entry = registry.core(name)
+    params = entry.params.model_validate({**entry.preset(preset), "d_model": d_model}).model_dump()
+    return CoreCase(name, entry.load(), params, entry.params, entry.capabilities, entry.presets, registry)
+
+
+def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, *, rtol: float, atol: float) -> None:
+    """fla-style comparison that reports max-abs and relative RMS error with the tensor's name."""
+    if ref.shape != out.shape:
+        raise ConformanceError(f"{name}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
+    ref, out = ref.detach().to(torch.complex128 if ref.is_complex() else F64), out.detach().to(ref.dtype if not ref.is_complex() else torch.complex128)
+    err = (ref - out).abs()
+    bound = atol + rtol * ref.abs()
+    if not bool(torch.isfinite(out).all()) or bool((err > bound).any()):
+        rms = (err.pow(2).mean().sqrt() / ref.abs().pow(2).mean().sqrt().clamp(min=1e-300)).item()
+        raise ConformanceError(f"{name}: max |diff| {err.max().item():.3e}, relative RMS {rms:.3e} (rtol {rtol}, atol {atol})")
+
+
+def _x(case: CoreCase, B: int, L: int, dtype: torch.dtype = F64, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, L, case.d_model, generator=g, dtype=dtype)
+
+
+def _states_close(name: str, ref: Mapping[str, torch.Tensor], out: Mapping[str, torch.Tensor], case: CoreCase) -> None:
+    if set(ref) != set(out):
+        raise ConformanceError(f"{name}: state keys {sorted(out)} != {sorted(ref)}")
+    for k in ref:
+        assert_close(f"{name}[{k!r}]", ref[k], out[k], rtol=case.rtol, atol=case.atol)
+
+
+# the checks -------------------------------------------------------------------------------
+def check_protocol(case: CoreCase) -> None:
+    """The class satisfies SSMCore, declares known capabilities, and the registration agrees."""
+    core = case.make()
+    if not isinstance(core, SSMCore):
+        raise ConformanceError(f"{case.cls.__name__} lacks SSMCore methods (forward, forward_with_state, step, init_state, optim_hints)")
+    unknown = set(case.cls.capabilities) - CAPABILITIES
+    if unknown:
+        raise ConformanceError(f"unknown capabilities {sorted(unknown)}; known: {sorted(CAPABILITIES)}")
+    if frozenset(case.cls.capabilities) != case.capabilities:
+        raise ConformanceError(f"registered capabilities {sorted(case.capabilities)} != class capabilities {sorted(case.cls.capabilities)}")
+
+
+def check_shapes(case: CoreCase) -> None:
+    """(B, L, H) -> (B, L, H) for odd and even lengths, float32 in and out, finite."""
+    core = case.make(dtype=torch.float32)
+    for B in (1, 3):
+        for L in (1, 7, 64, 65):
+            y = core(_x(case, B, L, torch.float32))
+            if tuple(y.shape) != (B, L, case.d_model) or y.dtype != torch.float32:
+                raise ConformanceError(f"shape/dtype: input (B={B}, L={L}, H={case.d_model}) float32 gave {tuple(y.shape)} {y.dtype}")
+            if not bool(torch.isfinite(y).all()):
+                raise ConformanceError(f"shape: non-finite output at B={B}, L={L}")
+
+
+def check_causality(case: CoreCase) -> None:
+    """Changing x[:, t:] leaves y[:, :t] unchanged."""
+    core = case.make()
+    x = _x(case, 2, 33)
+    x2 = x.clone()
+    x2[:, 20:] += torch.randn_like(x2[:, 20:]) * 10
+    y, y2 = core(x), core(x2)
+    if not torch.allclose(y[:, :20], y2[:, :20], rtol=0, atol=1e-9 * (1 + y.abs().max().item())):
+        leak = (y[:, :20] - y2[:, :20]).abs().amax(dim=(0, 2))
+        raise ConformanceError(f"causality: outputs before t=20 changed when only inputs from t=20 on did (first affected step {int(torch.nonzero(leak > 1e-9)[0])})")
+
+
+def check_batch_independence(case: CoreCase) -> None:
+    """Sample i's output does not depend on sample j."""
+    core = case.make()
+    x = _x(case, 3, 17)
+    together = core(x)
+    for i in range(3):
+        assert_close(f"batch independence (sample {i})", core(x[i : i + 1])[0], together[i], rtol=case.rtol, atol=case.atol)
+
+
+def check_step_vs_forward(case: CoreCase) -> None:
+    """Unrolling step() from init_state equals forward()."""
+    case.needs("step")
+    core = case.make().eval()
+    x = _x(case, 2, 23)
+    state = core.init_state(2, dtype=F64)
+    ys = []
+    for t in range(x.shape[1]):
+        y_t, state = core.step(x[:, t], state)
+        ys.append(y_t)
+    assert_close("step vs forward", core(x), torch.stack(ys, 1), rtol=case.rtol, atol=case.atol)
+
+
+def check_state_carry(case: CoreCase) -> None:
+    """forward_with_state on two halves, carrying the state, equals one forward (outputs and state)."""
+    case.needs("initial_state")
+    core = case.make().eval()
+    x = _x(case, 2, 31)
+    y_full, s_full = core.forward_with_state(x)
+    y1, s1 = core.forward_with_state(x[:, :12])
+    y2, s2 = core.forward_with_state(x[:, 12:], s1)
+    assert_close("state carry (outputs)", y_full, torch.cat([y1, y2], 1), rtol=case.rtol, atol=case.atol)
+    _states_close("state carry (final state)", s_full, s2, case)
+    assert_close("forward(x, state)", y2, core(x[:, 12:], s1), rtol=case.rtol, atol=case.atol)
+
+
+def _run_with_grads(core: Any, x: torch.Tensor, carry: bool) -> dict[str, torch.Tensor]:
+    x = x.clone().requires_grad_(True)
+    state = None
+    if carry:
+        _, state = core.forward_with_state(x[:, :5].detach())
+    y, final = core.forward_with_state(x, state) if carry else (core(x), {})
+    g = torch.Generator().manual_seed(7)
+    dy = torch.randn(y.shape, generator=g, dtype=y.dtype)
+    names = [n for n, p in core.named_parameters() if p.requires_grad]
+    grads = torch.autograd.grad((y * dy).sum(), [x, *[p for _, p in core.named_parameters() if p.requires_grad]], allow_unused=True)
+    out = {"output": y, "grad input": grads[0]}
+    out.update({f"final state {k!r}": v for k, v in final.items()})
+    out.update({f"grad {n}": (gr if gr is not None else torch.zeros(1)) for n, gr in zip(names, grads[1:])})
+    return out
+
+
+def check_backends(case: CoreCase) -> None:
+    """Every backend combination that can serve the core equals the naive reference (outputs,
+    final state, gradients of the input and every parameter), in float64."""
+    if not hasattr(case.cls, "paths"):
+        raise Skip(f"core {case.name!r} declares no backend paths")
+    from ..backends import all_choices
+
+    carry = "initial_state" in case.capabilities
+    x = _x(case, 2, 37)
+    ref = _run_with_grads(case.make(backend=dict(case.cls.reference)), x, carry)
+    choices = all_choices(paths=case.cls.paths, problem=case.cls.problem, registry=case.registry)
+    if len(choices) < 2:
+        raise ConformanceError(f"backends: only {len(choices)} backend combination serves {case.name!r}; nothing is compared")
+    for choice in choices:
+        out = _run_with_grads(case.make(backend=choice.as_setting()), x, carry)
+        for key, value in ref.items():
+            assert_close(f"backend {choice.label()}: {key}", value, out[key], rtol=case.rtol * 100, atol=case.atol * 100)
+
+
+def check_dtypes(case: CoreCase) -> None:
+    """A float64 core maps float64 to float64, and .to(float64) keeps every parameter real float64."""
+    for dtype in (torch.float32, F64):
+        core = case.make(dtype=dtype)
+        y = core(_x(case, 2, 9, dtype))
+        if y.dtype != dtype:
+            raise ConformanceError(f"dtype: {dtype} input to a {dtype} core gave {y.dtype} output")
+    core = case.make(dtype=torch.float32).to(F64)
+    bad = [n for n, p in core.named_parameters() if p.dtype != F64]
+    if bad:
+        raise ConformanceError(f"dtype: after .to(float64) these parameters are not float64: {bad} (store complex parameters as real views)")
+    core(_x(case, 1, 5))
+
+
+def check_gradients(case: CoreCase) -> None:
+    """Every parameter gets a finite, non-None gradient."""
+    core = case.make(dtype=torch.float32)
+    x = _x(case, 2, 19, torch.float32)
+    (core(x) * torch.randn(2, 19, case.d_model)).sum().backward()
+    for n, p in core.named_parameters():
+        if p.grad is None:
+            raise ConformanceError(f"gradients: parameter {n!r} received no gradient (detached or unused)")
+        if not bool(torch.isfinite(p.grad).all()):
+            raise ConformanceError(f"gradients: parameter {n!r} has a non-finite gradient")
+
+
+def check_stability(case: CoreCase) -> None:
+    """No NaN or Inf at L = 4096 (float32, default init), in outputs or gradients."""
+    core = case.make(dtype=torch.float32)
+    x = _x(case, 1, 4096, torch.float32)
+    y = core(x)
+    if not bool(torch.isfinite(y).all()):
+        raise ConformanceError(f"stability: {int((~torch.isfinite(y)).sum())} non-finite outputs at L=4096")
+    y.square().mean().backward()
+    bad = [n for n, p in core.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+    if bad:
+        raise ConformanceError(f"stability: non-finite gradients at L=4096 for {bad}")
+
+
+def check_determinism(case: CoreCase) -> None:
+    """Same seed, same parameters; same input, same output."""
+    a, b = case.make(seed=3), case.make(seed=3)
+    for (n, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
+        if not torch.equal(p, q):
+            raise ConformanceError(f"determinism: parameter {n!r} differs between two builds with the same seed")
+    a.eval()
+    x = _x(case, 2, 15)
+    if not torch.equal(a(x), a(x)):
+        raise ConformanceError("determinism: the same input gave different outputs in eval mode")
+
+
+def check_params_schema(case: CoreCase) -> None:
+    """The params model's fields equal the constructor's keyword arguments; extras are forbidden;
+    every preset validates."""
+    sig = inspect.signature(case.cls.__init__)
+    ctor = {n for n, p in sig.parameters.items() if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - {"device", "dtype"}
+    fields = set(case.params_model.model_fields)
+    if ctor != fields:
+        raise ConformanceError(f"params schema: constructor-only {sorted(ctor - fields)}, params-only {sorted(fields - ctor)}")
+    if case.params_model.model_config.get("extra") != "forbid":
+        raise ConformanceError("params schema: the params model must set extra='forbid'")
+    try:
+        case.params_model.model_validate({**case.params, "not_a_param": 1})
+    except ValidationError:
+        pass
+    else:
+        raise ConformanceError("params schema: an unknown key was accepted")
+    for preset, values in case.presets.items():
+        try:
+            case.params_model.model_validate({**values, "d_model": case.d_model})
+        except ValidationError as exc:
+            raise ConformanceError(f"params schema: preset {preset!r} does not validate: {exc}") from None
+
+
+def check_optim_hints(case: CoreCase) -> None:
+    """Every name in optim_hints() is a real parameter."""
+    core = case.make()
+    names = {n for n, _ in core.named_parameters()}
+    bad = set(core.optim_hints()) - names
+    if bad:
+        raise ConformanceError(f"optim hints name no parameter: {sorted(bad)}")
+
+
+def check_save_load(case: CoreCase) -> None:
+    """A model with this core shared across depth saves and loads back identically, storing the
+    shared block once."""
+    from ..build import build_model
+    from ..io.pretrained import load_pretrained, read_folder
+
+    spec = {
+        "schema_version": 1,
+        "task": {"kind": "sequence", "outputs": 3},
+        "input": {"channels": 4},
+        "model": {"d_model": case.d_model, "depth": 4, "stacking": {"policy": "periodic", "period": 2},
+                  "core": {"kind": case.name, **{k: v for k, v in case.params.items() if k != "d_model"}}},
+    }
+    model = build_model(spec, registry=case.registry, seed=0).eval()
+    x = torch.randn(2, 11, 4)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp + "/m")
+        tensors, info = read_folder(tmp + "/m")
+        if any(k.startswith("stack.blocks.2.") for k in tensors) or not any(k.startswith("stack.blocks.1.") for k in tensors):
+            raise ConformanceError("save/load: the two shared blocks should be stored once each")
+        loaded = load_pretrained(tmp + "/m", registry=case.registry)
+        with torch.no_grad():
+            assert_close("save/load output", model(x), loaded(x), rtol=0, atol=0)
+        if loaded.spec != model.spec:
+            raise ConformanceError("save/load: the reloaded model's spec differs")
+
+
+def check_long_step(case: CoreCase) -> None:
+    """Streaming 2048 steps keeps a finite state that still equals the parallel output (float32)."""
+    case.needs("step")
+    core = case.make(dtype=torch.float32).eval()
+    x = _x(case, 1, 2048, torch.float32)
+    with torch.no_grad():
+        state = core.init_state(1)
+        for t in range(x.shape[1]):
+            y_t, state = core.step(x[:, t], state)
+        y = core(x)[:, -1]
+    if not all(bool(torch.isfinite(v).all()) for v in state.values()):
+        raise ConformanceError("long step: non-finite state after 2048 steps")
+    assert_close("long step (last output)", y, y_t, rtol=1e-3, atol=1e-4 * (1 + y.abs().max().item()))
+
+
+CHECKS: dict[str, Callable[[CoreCase], None]] = {
+    "protocol": check_protocol,
+    "shapes": check_shapes,
+    "causality": check_causality,
+    "batch_independence": check_batch_independence,
+    "step_vs_forward": check_step_vs_forward,
+    "state_carry": check_state_carry,
+    "backends": check_backends,
+    "dtypes": check_dtypes,
+    "gradients": check_gradients,
+    "stability": check_stability,
+    "determinism": check_determinism,
+    "params_schema": check_params_schema,
+    "optim_hints": check_optim_hints,
+    "save_load": check_save_load,
+    "long_step": check_long_step,
+}
+
+
+def run_all(case: CoreCase) -> dict[str, str]:
+    """Run every check; returns check -> 'ok' | 'skipped: …' | 'FAILED: …'."""
+    out = {}
+    for name, check in CHECKS.items():
+        try:
+            check(case)
+            out[name] = "ok"
+        except Skip as exc:
+            out[name] = f"skipped: {exc}"
+        except (ConformanceError, Exception) as exc:  # report, do not stop the other checks
+            out[name] = f"FAILED: {type(exc).__name__}: {exc}"
+    return out
+
+
+_ = math  # used by plugins' own tolerance helpers

@@ -1,0 +1,220 @@
+"""Toy cores for testing the conformance suite itself: one correct, and one broken per check.
+
+ToyDiag is a real diagonal recurrence per channel: h_t = a ⊙ h_{t−1} + b ⊙ x_t,
+y_t = Σ_n c_n h_{t,n} + d ⊙ x_t, with a = sigmoid(a_logit) ∈ (0, 1). Shapes: x (B, L, H),
+h (B, H, N). It is also a plugin (``zoo_register_cores``) so specs can build it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+
+from ..backends import resolve
+from ..hookspecs import hookimpl
+from ..kernels.systems import DiagSystem
+from ..params import CoreParams
+from ..protocols import CoreBase, OptimHint, State
+from ..registry import Problem
+
+zoo_api = 1
+
+
+class ToyParams(CoreParams):
+    d_state: int = Field(4, gt=0, le=64)
+
+
+class ToyDiag(CoreBase):
+    capabilities: ClassVar[frozenset[str]] = frozenset({"step", "initial_state", "lti"})
+    paths: ClassVar[dict[str, tuple[str, ...]]] = {"conv": ("kernel", "conv"), "recurrent": ("scan",)}
+    prefer: ClassVar[tuple[str, ...]] = ("conv", "recurrent")
+    reference: ClassVar[dict[str, str]] = {"scan": "naive"}
+    problem: ClassVar[Problem] = Problem(structure="diag", lti=True, complex=False)
+
+    def __init__(self, d_model: int, d_state: int = 4, backend: Any = "auto", *, device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype or torch.get_default_dtype()}
+        self.d_model, self.d_state = d_model, d_state
+        self.a_logit = nn.Parameter(torch.linspace(0.5, 3.0, d_state, **kw).repeat(d_model, 1))  # (H, N)
+        self.b = nn.Parameter(torch.randn(d_model, d_state, **kw))  # (H, N)
+        self.c = nn.Parameter(torch.randn(d_model, d_state, **kw) / d_state)  # (H, N)
+        self.d = nn.Parameter(torch.randn(d_model, **kw))  # (H,)
+        self.backend_choice = resolve(backend, paths=self.paths, prefer=self.prefer, reference=self.reference,
+                                      problem=self.problem, who=f"core {type(self).__name__}")
+
+    def decay(self) -> Tensor:
+        return torch.sigmoid(self.a_logit)  # (H, N)
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        a = self.decay()
+        bu = self.b * x[..., None]  # (B, L, H, N)
+        h0 = None if state is None else state["h"]
+        if self.backend_choice.path == "recurrent":
+            h, h_last = self.backend_choice.fn("scan")(a[None, None], bu, h0, structure="diag")
+            y = (h * self.c).sum(-1)  # (B, L, H)
+        else:
+            L = x.shape[1]
+            K = self.backend_choice.fn("kernel")(DiagSystem(torch.log(a), self.c * self.b), L)  # (H, L)
+            y = self.backend_choice.fn("conv")(x, K)
+            powers = a[None] ** torch.arange(1, L + 1, dtype=x.dtype)[:, None, None]  # (L, H, N)
+            if h0 is not None:
+                y = y + torch.einsum("lhn,bhn,hn->blh", powers, h0, self.c)
+            rev = a[None] ** torch.arange(L - 1, -1, -1, dtype=x.dtype)[:, None, None]  # (L, H, N)
+            h_last = torch.einsum("lhn,blhn->bhn", rev, bu) + (0 if h0 is None else powers[-1] * h0)
+        return y + self.d * x, {"h": h_last}
+
+    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
+        h = self.decay() * state["h"] + self.b * x_t[..., None]  # (B, H, N)
+        return (h * self.c).sum(-1) + self.d * x_t, {"h": h}
+
+    def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
+        return {"h": torch.zeros(batch_size, self.d_model, self.d_state, device=device, dtype=dtype or self.d.dtype)}
+
+    def optim_hints(self) -> Mapping[str, OptimHint]:
+        return {"a_logit": OptimHint(lr=1e-3, weight_decay=0.0)}
+
+
+# broken cores: each breaks one promise -------------------------------------------------------
+class PeeksAhead(ToyDiag):
+    """Breaks causality: y_t sees x_{t+1}."""
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        y, s = super().forward_with_state(x, state)
+        return y + 0.1 * torch.roll(x, -1, dims=1), s
+
+
+class MixesBatch(ToyDiag):
+    """Breaks batch independence: subtracts the batch mean."""
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        y, s = super().forward_with_state(x, state)
+        return y - y.mean(0, keepdim=True) * 0.5, s
+
+
+class DriftingStep(ToyDiag):
+    """Breaks step = forward: the step uses a slightly different decay."""
+
+    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
+        h = self.decay() * 1.001 * state["h"] + self.b * x_t[..., None]
+        return (h * self.c).sum(-1) + self.d * x_t, {"h": h}
+
+
+class ForgetsState(ToyDiag):
+    """Breaks state carry: ignores the incoming state."""
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        return super().forward_with_state(x, None)
+
+
+class WrongFastPath(ToyDiag):
+    """Breaks backend equivalence: the convolution path drops the skip term."""
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        y, s = super().forward_with_state(x, state)
+        return (y - self.d * x if self.backend_choice.path == "conv" else y), s
+
+
+class AlwaysFloat32(ToyDiag):
+    """Breaks dtype behaviour: always returns float32."""
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        y, s = super().forward_with_state(x, state)
+        return y.float(), s
+
+
+class DetachedParam(ToyDiag):
+    """Breaks gradient flow: a parameter that never reaches the output."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.unused = nn.Parameter(torch.zeros(self.d_model, dtype=self.d.dtype))
+
+
+class Unstable(ToyDiag):
+    """Breaks stability: a decay above one blows up at long L."""
+
+    def decay(self) -> Tensor:
+        return 1.02 + 0 * self.a_logit
+
+
+class Noisy(ToyDiag):
+    """Breaks determinism: adds noise even in eval mode."""
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        y, s = super().forward_with_state(x, state)
+        return y + 1e-3 * torch.randn_like(y), s
+
+
+class SchemaDrift(ToyDiag):
+    """Breaks params schema = constructor: takes a keyword its params model does not list."""
+
+    def __init__(self, d_model: int, d_state: int = 4, backend: Any = "auto", scale: float = 1.0, *, device: Any = None, dtype: Any = None) -> None:
+        super().__init__(d_model, d_state, backend, device=device, dtype=dtype)
+
+
+class BadHints(ToyDiag):
+    """Breaks optim hints: names a parameter that does not exist."""
+
+    def optim_hints(self) -> Mapping[str, OptimHint]:
+        return {"A_log": OptimHint(lr=1e-3)}
+
+
+class UnsavedState(ToyDiag):
+    """Breaks save/load: part of the model lives in a plain attribute, not in the state dict."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.hidden_gain = torch.rand(()) + 0.5
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        y, s = super().forward_with_state(x, state)
+        return y * self.hidden_gain, s
+
+
+class WrongCapabilities(ToyDiag):
+    """Breaks the protocol: declares a capability nobody knows."""
+
+    capabilities: ClassVar[frozenset[str]] = frozenset({"step", "initial_state", "lti", "teleport"})
+
+
+BROKEN: dict[str, type] = {
+    "protocol": WrongCapabilities,
+    "causality": PeeksAhead,
+    "batch_independence": MixesBatch,
+    "step_vs_forward": DriftingStep,
+    "state_carry": ForgetsState,
+    "backends": WrongFastPath,
+    "dtypes": AlwaysFloat32,
+    "gradients": DetachedParam,
+    "stability": Unstable,
+    "determinism": Noisy,
+    "params_schema": SchemaDrift,
+    "optim_hints": BadHints,
+    "save_load": UnsavedState,
+    "long_step": DriftingStep,
+    "shapes": PeeksAhead,  # replaced below by a core whose output has the wrong width
+}
+
+
+class WrongWidth(ToyDiag):
+    """Breaks shapes: drops the last channel."""
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        y, s = super().forward_with_state(x, state)
+        return y[..., :-1], s
+
+
+BROKEN["shapes"] = WrongWidth
+
+
+@hookimpl
+def zoo_register_cores(register):  # type: ignore[no-untyped-def]
+    caps = ToyDiag.capabilities
+    register("toy-diag", "zoo_core.testing.toys:ToyDiag", params=ToyParams, presets={"tiny": {"d_state": 3}}, capabilities=caps)
+    for check, cls in BROKEN.items():
+        register(f"toy-broken-{check.replace('_', '-')}", cls, params=ToyParams,
+                 presets={"tiny": {"d_state": 3}}, capabilities=cls.capabilities)
