@@ -113,7 +113,7 @@ def _policy(env: ModelSpec, registry: Registry, positions: Positions) -> Any:
 
 
 def _check_backend(params: BaseModel, entry: CoreEntry, registry: Registry, positions: Positions) -> None:
-    """Backend names must exist and be able to serve the core (resolution needs the core class)."""
+    """Discretizer and backend names must exist and fit the core (this imports the core class)."""
     setting = getattr(params, "backend", "auto")
     loc = ("model", "core", "backend")
     if isinstance(setting, dict):
@@ -122,6 +122,13 @@ def _check_backend(params: BaseModel, entry: CoreEntry, registry: Registry, posi
                 raise spec_error(positions, loc + (op,), f"unknown op {op!r}; ops are {', '.join(OPS)}")
             _lookup(positions, loc + (op,), lambda op=op, name=name: registry.backend(op, name))
     cls = entry.load()
+    disc = getattr(params, "discretizer", None)
+    if isinstance(disc, str):
+        found = _lookup(positions, ("model", "core", "discretizer"), lambda: registry.discretizer(disc))
+        structure = getattr(getattr(cls, "problem", None), "structure", None)
+        if structure is not None and structure not in found.structures:
+            raise spec_error(positions, ("model", "core", "discretizer"),
+                             f"discretizer {disc!r} handles {sorted(found.structures)} systems, not {structure!r}")
     if not hasattr(cls, "paths"):
         return  # a core with a single fixed computation declares no backend paths
     from ..backends import resolve

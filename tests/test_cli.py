@@ -1,0 +1,138 @@
+"""The zoo CLI: commands, exit codes, torch-free listing, and surviving a broken plugin."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from zoo_core.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = [sys.executable, "-m", "zoo_core.cli"]
+
+
+def run(args, env=None, cwd=ROOT):
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([*ZOO, *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=300)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["list"], ["plugins"], ["list", "--json"], ["plugins", "--json"], ["info", "s4d"]])
+def test_listing_never_imports_torch(args):
+    code = f"import sys; from zoo_core.cli import main; rc = main({args!r}); assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_list_filters_and_json(capsys):
+    assert main(["list", "s4d*", "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in table["cores"]] == ["s4d"]
+    assert {r["name"] for r in table["presets"]} >= {"s4d-tiny", "s4d-base"}
+    assert table["backends"] == []
+    assert main(["list", "--kind", "backends", "--json"]) == 0
+    names = {r["name"] for r in json.loads(capsys.readouterr().out)["backends"]}
+    assert names == {"kernel:naive", "kernel:vandermonde", "conv:naive", "conv:fft", "scan:naive", "scan:scan"}
+
+
+def test_info_on_each_kind(capsys):
+    for name, kind in [("s4d", "core"), ("s4d-tiny", "preset"), ("vandermonde", "backend"), ("zoh", "discretizer"), ("periodic", "stacking policy")]:
+        assert main(["info", name, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["kind"] == kind
+    assert main(["info", "s4dd"]) == 2
+    assert "did you mean 's4d'" in capsys.readouterr().err
+
+
+def test_build_prints_summary_and_saves(tmp_path, capsys):
+    assert main(["build", str(ROOT / "specs/s4d-shared-abab.yaml"), "-o", str(tmp_path / "m")]) == 0
+    out = capsys.readouterr().out
+    assert "depth 6, 2 unique block(s), schedule ABABAB" in out
+    assert "applied 3x" in out and "as applied over depth" in out
+    assert "backend (block A): conv: kernel=vandermonde, conv=fft" in out
+    assert (tmp_path / "m" / "model.safetensors").is_file() and (tmp_path / "m" / "config.json").is_file()
+
+
+def test_schema_includes_plugin_params(capsys):
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    branches = schema["$defs"]["CoreSpec"]["oneOf"]
+    s4d = next(b for b in branches if b["properties"]["kind"]["const"] == "s4d")
+    assert {"d_state", "init", "discretizer", "dt_min", "dt_max"} <= set(s4d["properties"])
+    assert "d_model" not in s4d["properties"] and s4d["additionalProperties"] is False
+
+
+def test_validate_ok_and_bad(tmp_path, capsys):
+    assert main(["validate", str(ROOT / "specs/s4d-tiny.yaml")]) == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((ROOT / "specs/s4d-tiny.yaml").read_text().replace("preset: tiny", "preset: tiny, d_stat: 4"))
+    assert main(["validate", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml:" in err and "d_stat" in err and "did you mean 'd_state'" in err
+
+
+def _install_fake_dist(site: Path, body: str) -> None:
+    """A real installed distribution (dist-info + module) whose plugin module runs ``body``."""
+    info = site / "zoo_broken-0.3.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: zoo-broken\nVersion: 0.3.1\n")
+    (info / "entry_points.txt").write_text("[zoo_core.plugins]\nbroken = zoo_broken_plugin\n")
+    (site / "zoo_broken_plugin.py").write_text(textwrap.dedent(body))
+
+
+BROKEN_BODIES = {
+    "ModuleNotFoundError": "import zoo_dependency_that_is_missing\n",
+    "SyntaxError": "def broken(:\n",
+    "RuntimeError": "raise RuntimeError('plugin exploded at import')\n",
+    "SystemExit": "raise SystemExit(7)\n",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(BROKEN_BODIES))
+def test_cli_survives_a_broken_installed_plugin(tmp_path, kind):
+    _install_fake_dist(tmp_path, BROKEN_BODIES[kind])
+    env = {"PYTHONPATH": str(tmp_path), "ZOO_LOAD_PLUGINS": "zoo-s4d,zoo-broken"}
+    for args in (["--help"], ["list"], ["build", "specs/s4d-tiny.yaml"]):
+        proc = run(args, env)
+        assert proc.returncode == 0, (args, proc.stderr)
+    proc = run(["plugins", "--json"], env)
+    rows = {r["dist"]: r for r in json.loads(proc.stdout)}
+    assert rows["zoo-broken"]["status"] == "failed" and kind in rows["zoo-broken"]["error"]
+    assert rows["zoo-broken"]["version"] == "0.3.1"
+    assert rows["zoo-s4d"]["status"] == "loaded"
+    strict = run(["list"], {**env, "ZOO_STRICT_PLUGINS": "1"})
+    assert strict.returncode == 4 and "zoo-broken 0.3.1" in strict.stderr and "Traceback" not in strict.stderr
+
+
+def test_plugin_commands_hook(tmp_path):
+    _install_fake_dist(tmp_path, """
+        from zoo_core import hookimpl
+        zoo_api = 1
+
+        @hookimpl
+        def zoo_register_commands(cli):
+            p = cli.add_parser("hello", help="say hello")
+            p.set_defaults(fn=lambda args: print("hello from a plugin") or 0)
+    """)
+    proc = run(["hello"], {"PYTHONPATH": str(tmp_path), "ZOO_LOAD_PLUGINS": "zoo-broken"})
+    assert proc.returncode == 0 and "hello from a plugin" in proc.stdout, proc.stderr
+
+
+def test_error_exit_codes_and_no_traceback(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("schema_version: 1\ntask: {kind: classification, classes: 2}\ninput: {channels: 3}\nmodel: {d_model: 8, depth: 2, core: {kind: s5}}\n")
+    proc = run(["build", str(spec)])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "s.yaml:4" in proc.stderr and "zoo-s5" in proc.stderr
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"<!DOCTYPE html><html>rate limited</html>")
+    from zoo_core.errors import CheckpointError
+    from zoo_core.io.pretrained import load_pretrained
+
+    with pytest.raises(CheckpointError, match="HTML"):
+        load_pretrained(tmp_path / "m")

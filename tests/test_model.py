@@ -1,0 +1,111 @@
+"""Whole models: every task streams through step exactly as it runs in parallel; sharing across
+depth reuses blocks; Δ rescaling runs the same weights at half the sampling rate."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from zoo_core.blocks import count_params
+from zoo_core.build import build_model, summary
+from zoo_core.model import rescale_sampling_rate
+
+
+def spec(task, inp, **model):
+    body = {"d_model": 8, "depth": 3, "core": {"kind": "s4d", "preset": "tiny"}}
+    body.update(model)
+    return {"schema_version": 1, "task": task, "input": inp, "model": body}
+
+
+CASES = {
+    "classification-mean": spec({"kind": "classification", "classes": 3}, {"channels": 2}),
+    "classification-last-postnorm": spec({"kind": "classification", "classes": 3}, {"channels": 2}, pool="last", block={"norm": "batch", "prenorm": False}),
+    "regression-rms-linear": spec({"kind": "regression", "outputs": 2}, {"channels": 4}, block={"norm": "rms", "output": "linear", "activation": "silu"}),
+    "sequence-noresidual": spec({"kind": "sequence", "outputs": 5}, {"channels": 3}, block={"residual": False, "output": "none", "norm": "none"}),
+    "lm-tied": spec({"kind": "lm"}, {"vocab_size": 11}, final_norm="rms", tie_embeddings=True),
+    "periodic-abab": spec({"kind": "sequence", "outputs": 2}, {"channels": 2}, depth=6, stacking={"policy": "periodic", "period": 2}),
+    "recurrent-backend": spec({"kind": "sequence", "outputs": 2}, {"channels": 2}, core={"kind": "s4d", "preset": "tiny", "backend": "scan"}),
+}
+
+
+def _inputs(model, B, L):
+    if model.task == "lm":
+        return torch.randint(0, 11, (B, L))
+    return torch.randn(B, L, model.encoder.in_features, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_step_equals_forward(name):
+    model = build_model(CASES[name], seed=0).double().eval()
+    x = _inputs(model, 2, 19)
+    with torch.no_grad():
+        full = model(x)
+        state = model.init_state(2)
+        outs = []
+        for t in range(x.shape[1]):
+            y, state = model.step(x[:, t], state)
+            outs.append(y)
+        streamed = torch.stack(outs, 1) if model.pool == "none" else outs[-1]
+        torch.testing.assert_close(streamed, full, rtol=1e-9, atol=1e-9)
+        # chunked streaming: prefill half with forward_with_state, step through the rest
+        y1, st = model.forward_with_state(x[:, :10])
+        for t in range(10, x.shape[1]):
+            y_t, st = model.step(x[:, t], st)
+        torch.testing.assert_close(y_t, full[:, -1] if model.pool == "none" else full, rtol=1e-9, atol=1e-9)
+
+
+def test_periodic_sharing_reuses_blocks_and_counts_once():
+    indep = build_model(spec({"kind": "regression", "outputs": 1}, {"channels": 3}, depth=6), seed=0)
+    shared = {m: build_model(spec({"kind": "regression", "outputs": 1}, {"channels": 3}, depth=6, stacking={"policy": "periodic", "period": m}), seed=0) for m in (1, 2, 3)}
+    block = count_params(indep.stack.blocks[0])
+    other = count_params(indep) - 6 * block
+    for m, model in shared.items():
+        assert len(model.stack.blocks) == m
+        assert count_params(model) == other + m * block
+        assert model.stack.schedule == [i % m for i in range(6)]
+    assert "schedule ABCABC" in summary(shared[3]) and "schedule AAAAAA" in summary(shared[1])
+
+
+def test_tied_lm_head_shares_the_embedding():
+    model = build_model(CASES["lm-tied"], seed=0)
+    assert model.head.weight is model.encoder.weight
+    assert "tied to the embedding" in summary(model)
+
+
+def test_rescale_half_rate_is_exact_for_zoh_on_held_samples():
+    """ZOH with a piecewise-constant input: two steps of Δ equal one step of 2Δ exactly, so the
+    model run on every other sample with Δ doubled reproduces the full-rate outputs."""
+    s = spec({"kind": "sequence", "outputs": 2}, {"channels": 2}, depth=2, block={"norm": "none"})
+    full = build_model(s, seed=0).double().eval()
+    half = rescale_sampling_rate(copy.deepcopy(full), 2.0)
+    assert half.spec["model"]["core"]["dt_scale"] == 2.0 and full.spec["model"]["core"]["dt_scale"] == 1.0
+    v = torch.randn(1, 20, 2, dtype=torch.float64)
+    u = v.repeat_interleave(2, dim=1)  # (1, 40, 2): each sample held for two steps
+    with torch.no_grad():
+        y_full = full.stack.blocks[0].core(full.encoder(u))[:, 1::2]
+        y_half = half.stack.blocks[0].core(half.encoder(v))
+    torch.testing.assert_close(y_half, y_full, rtol=1e-10, atol=1e-10)
+
+
+def test_rescale_changes_outputs_and_rejects_bad_factor():
+    model = build_model(CASES["classification-mean"], seed=0).eval()
+    x = torch.randn(1, 30, 2)
+    before = model(x)
+    rescale_sampling_rate(model, 2.0)
+    assert not torch.allclose(before, model(x))
+    with pytest.raises(ValueError):
+        rescale_sampling_rate(model, 0.0)
+
+
+def test_rescale_refuses_discrete_time_cores(toy_registry):
+    model = build_model(spec({"kind": "regression", "outputs": 1}, {"channels": 2}, core={"kind": "toy-diag", "preset": "tiny"}), seed=0)
+    with pytest.raises(ValueError, match="discrete-time"):
+        rescale_sampling_rate(model, 2.0)
+
+
+def test_build_is_deterministic_with_seed():
+    a, b = (build_model(CASES["regression-rms-linear"], seed=5) for _ in range(2))
+    for (n, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(p, q), n

@@ -1,0 +1,190 @@
+"""The plugin loader: broken plugins cost only themselves, duplicates and API mismatches are
+errors naming the culprits, misspelled hooks are caught, strict mode makes failures fatal."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from zoo_core import hookimpl
+from zoo_core.errors import DuplicateNameError, PluginLoadError
+from zoo_core.params import CoreParams
+from zoo_core.plugins import PluginSource, entry_point_sources, inline_source, load_registry
+
+
+@pytest.fixture(autouse=True)
+def _no_allow_list(monkeypatch):
+    monkeypatch.delenv("ZOO_LOAD_PLUGINS", raising=False)
+
+
+def _plugin(name: str, **hooks) -> types.SimpleNamespace:
+    return types.SimpleNamespace(__name__=name, zoo_api=1, **{k: hookimpl(v) for k, v in hooks.items()})
+
+
+def _cores(*names: str):
+    def zoo_register_cores(register):
+        for n in names:
+            register(n, "zoo_core.testing.toys:ToyDiag", params=CoreParams, presets={"tiny": {}})
+
+    return zoo_register_cores
+
+
+def _failing_import() -> PluginSource:
+    def load():
+        raise ModuleNotFoundError("No module named 'zoo_missing_dep'")
+
+    return PluginSource("broken", "zoo-broken", "0.3.1", "zoo_broken.plugin", load)
+
+
+def _base() -> list[PluginSource]:
+    return [s for s in entry_point_sources() if s.dist == "zoo-core"]
+
+
+@pytest.mark.parametrize("exc", [ModuleNotFoundError("x"), SyntaxError("bad syntax"), RuntimeError("boom"), SystemExit(3)])
+def test_import_failure_is_recorded_and_others_load(exc):
+    def load():
+        raise exc
+
+    good = inline_source("good", _plugin("good", zoo_register_cores=_cores("good-core")))
+    reg = load_registry([*_base(), PluginSource("broken", "zoo-broken", "0.3.1", "m", load), good])
+    failed = [p for p in reg.plugins if p.status == "failed"]
+    assert [(p.dist, p.version) for p in failed] == [("zoo-broken", "0.3.1")]
+    assert type(exc).__name__ in failed[0].error
+    assert "good-core" in reg.cores
+
+
+def test_strict_mode_makes_failures_fatal(monkeypatch):
+    monkeypatch.setenv("ZOO_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginLoadError, match=r"zoo-broken 0\.3\.1.*No module named"):
+        load_registry([*_base(), _failing_import()])
+
+
+def test_unknown_core_mentions_the_failed_plugin():
+    reg = load_registry([*_base(), _failing_import()])
+    with pytest.raises(KeyError, match="zoo-broken 0.3.1: import failed"):
+        reg.core("broken-core")
+
+
+def test_duplicate_names_name_both_plugins():
+    a = inline_source("a", _plugin("a", zoo_register_cores=_cores("same")), dist="zoo-a", version="1.0")
+    b = inline_source("b", _plugin("b", zoo_register_cores=_cores("same")), dist="zoo-b", version="2.0")
+    with pytest.raises(DuplicateNameError, match=r"zoo-a 1\.0.*zoo-b 2\.0"):
+        load_registry([*_base(), a, b])
+
+
+def test_misspelled_hook_is_caught():
+    bad = types.SimpleNamespace(__name__="typo", zoo_api=1, zoo_register_coers=hookimpl(_cores("x")))
+    reg = load_registry([*_base(), inline_source("typo", bad)])
+    info = reg.plugins[-1]
+    assert info.status == "failed" and "zoo_register_coers" in info.error
+
+
+def test_wrong_hook_arguments_are_caught():
+    def zoo_register_cores(register, extra):
+        pass
+
+    reg = load_registry([*_base(), inline_source("args", _plugin("args", zoo_register_cores=zoo_register_cores))])
+    assert reg.plugins[-1].status == "failed" and "extra" in reg.plugins[-1].error
+
+
+@pytest.mark.parametrize("api,fragment", [(None, "declares no plugin API"), (2, "API 2"), ((3, 4), "(3, 4)")])
+def test_plugin_api_version_is_checked(api, fragment):
+    plugin = _plugin("old", zoo_register_cores=_cores("old-core"))
+    plugin.zoo_api = api
+    reg = load_registry([*_base(), inline_source("old", plugin)])
+    assert reg.plugins[-1].status == "failed" and fragment in reg.plugins[-1].error
+    assert "old-core" not in reg.cores
+
+
+def test_raising_registration_drops_only_that_plugin():
+    def explode(register):
+        register("half-registered", "x:y", params=CoreParams, presets={"tiny": {}})
+        raise RuntimeError("registration exploded")
+
+    good1 = inline_source("g1", _plugin("g1", zoo_register_cores=_cores("one")))
+    bad = inline_source("bad", _plugin("bad", zoo_register_cores=explode))
+    good2 = inline_source("g2", _plugin("g2", zoo_register_cores=_cores("two")))
+    reg = load_registry([*_base(), good1, bad, good2])
+    assert {"one", "two"} <= set(reg.cores) and "half-registered" not in reg.cores
+    assert [p.status for p in reg.plugins[-3:]] == ["loaded", "failed", "loaded"]
+
+
+def test_a_core_without_tiny_preset_is_refused():
+    def no_tiny(register):
+        register("big-only", "x:y", params=CoreParams, presets={"big": {}})
+
+    reg = load_registry([*_base(), inline_source("nt", _plugin("nt", zoo_register_cores=no_tiny))])
+    assert reg.plugins[-1].status == "failed" and "tiny" in reg.plugins[-1].error
+
+
+def test_allow_list_and_autoload_switch(monkeypatch):
+    monkeypatch.setenv("ZOO_LOAD_PLUGINS", "")
+    reg = load_registry()
+    assert not reg.cores and {p.status for p in reg.plugins if p.dist != "zoo-core"} <= {"disabled"}
+    assert reg.discretizers  # the essential set always loads
+    monkeypatch.setenv("ZOO_LOAD_PLUGINS", "zoo-s4d")
+    assert "s4d" in load_registry().cores
+    monkeypatch.delenv("ZOO_LOAD_PLUGINS")
+    monkeypatch.setenv("ZOO_DISABLE_PLUGIN_AUTOLOAD", "1")
+    assert not load_registry().cores
+
+
+def test_builtins_register_through_entry_points_with_provenance():
+    reg = load_registry()
+    assert reg.cores["s4d"].provider.dist == "zoo-s4d"
+    assert reg.backends[("scan", "naive")].provider.dist == "zoo-core"
+    assert {p.name for p in reg.plugins if p.dist == "zoo-core"} == {"backends", "discretizers", "stacking"}
+
+
+def test_loading_changes_no_global_torch_state():
+    import torch
+
+    before = (torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads(), torch.are_deterministic_algorithms_enabled())
+    load_registry()
+    assert before == (torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads(), torch.are_deterministic_algorithms_enabled())
+
+
+def test_every_hookspec_is_exercised_by_a_test():
+    """datasette's rule: every hook has a test (this file and tests/test_cli.py use them all)."""
+    from pathlib import Path
+
+    from zoo_core import hookspecs
+
+    hooks = [n for n in dir(hookspecs) if n.startswith("zoo_register_")]
+    tests = "".join(p.read_text() for p in Path(__file__).parent.glob("test_*.py"))
+    missing = [h for h in hooks if h not in tests.replace("zoo_register_commands\"", "")]
+    assert not missing, f"hooks without a test: {missing}"
+
+
+def test_datasets_and_converters_hooks_register():
+    def zoo_register_datasets(register):
+        register("toyset", "zoo_core.datasets:load_uea_bundled", description="a toy")
+
+    def zoo_register_converters(register):
+        register("toyconv", "zoo_core.io.pretrained:read_folder", description="a toy converter")
+
+    plugin = _plugin("dc", zoo_register_datasets=zoo_register_datasets, zoo_register_converters=zoo_register_converters)
+    reg = load_registry([*_base(), inline_source("dc", plugin)])
+    assert reg.datasets["toyset"].description == "a toy"
+    assert reg.converters["toyconv"].load().__name__ == "read_folder"
+
+
+def test_stacking_policy_hook_registers():
+    def zoo_register_stacking_policies(register):
+        register("mirror", "zoo_core.stacking:Independent", description="test policy")
+
+    reg = load_registry([*_base(), inline_source("sp", _plugin("sp", zoo_register_stacking_policies=zoo_register_stacking_policies))])
+    assert reg.stacking_policy("mirror").load()().schedule(3) == [0, 1, 2]
+
+
+def test_discretizer_and_backend_hooks_register():
+    def zoo_register_discretizers(register):
+        register("zoh2", "zoo_core.discretize:zoh", structures=("diag",))
+
+    def zoo_register_backends(register):
+        register("keops", "kernel", "zoo_core.kernels.kernel:kernel_vandermonde", priority=99, requires=("pykeops_is_not_here",))
+
+    reg = load_registry([*_base(), inline_source("db", _plugin("db", zoo_register_discretizers=zoo_register_discretizers, zoo_register_backends=zoo_register_backends))])
+    assert "zoh2" in reg.discretizers
+    assert "pykeops_is_not_here" in reg.backend("kernel", "keops").unavailable_reason()
