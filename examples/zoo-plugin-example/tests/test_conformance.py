@@ -1,0 +1,5 @@
+from zoo_core.testing import ConformanceSuite
+
+
+class TestEMA(ConformanceSuite):
+    core = "ema"
