@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from ..errors import CheckpointError, ZooError
-from .atomic import atomic_write_dir
+from .atomic import atomic_write_dir, recover_dir
 from .safetensors_check import read_checked
 from .strict import compare_state
 
@@ -96,6 +96,7 @@ def _json_meta(meta: Mapping[str, str], key: str, source: str) -> Any:
 
 def read_folder(directory: str | os.PathLike[str]) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """Read and check a saved folder; returns (tensors as stored, decoded metadata)."""
+    recover_dir(directory)  # a save killed between its two renames left the old folder aside
     path = Path(directory) / WEIGHTS
     if not path.is_file():
         raise CheckpointError(f"{directory}: no {WEIGHTS} here; is this a folder written by save_pretrained?")

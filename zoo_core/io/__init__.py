@@ -1,0 +1,1 @@
+"""Saving and loading weights: checked safetensors reads, atomic folder writes, strict matching."""
