@@ -1,0 +1,88 @@
+"""conv_fft against conv_naive, and the causal (never circular) worked example.
+
+Letters: B batch, L length, H channels.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from zoo_core.kernels.conv import conv_fft, conv_naive
+
+F32, F64 = torch.float32, torch.float64
+
+
+def assert_close(name: str, ref: Tensor, out: Tensor, ratio: float) -> None:
+    """Relative error in the 2-norm: ||out − ref|| / ||ref||."""
+    assert out.shape == ref.shape and out.dtype == ref.dtype, f"{name}: {out.shape} vs {ref.shape}"
+    err = ((out - ref).abs().norm() / ref.abs().norm().clamp_min(1e-30)).item()
+    assert err <= ratio, f"{name}: relative error {err:.2e} > {ratio:.0e}"
+
+
+def _seq(*xs: float) -> tuple[Tensor, int]:
+    return torch.tensor(xs, dtype=F64).reshape(1, -1, 1), len(xs)  # (B=1, L, H=1)
+
+
+@pytest.mark.parametrize("conv", [conv_naive, conv_fft])
+def test_worked_example_is_causal_not_circular(conv) -> None:
+    # K = (1, 2) * u = (3, 4) is (3, 10, 8); its causal part at L = 2 is (3, 10). A circular
+    # convolution of length 2 wraps the 8 onto the first entry: (11, 10).
+    u, L = _seq(3.0, 4.0)
+    y = conv(u, torch.tensor([[1.0, 2.0]], dtype=F64)).flatten()
+    k_f = torch.fft.rfft(torch.tensor([1.0, 2.0], dtype=F64))
+    circular = torch.fft.irfft(k_f * torch.fft.rfft(u.flatten()), n=L)  # no zero padding
+    assert torch.allclose(circular, torch.tensor([11.0, 10.0], dtype=F64))
+    assert torch.allclose(y, torch.tensor([3.0, 10.0], dtype=F64))
+    assert not torch.allclose(y, circular)
+    u3, _ = _seq(3.0, 4.0, 0.0)
+    y3 = conv(u3, torch.tensor([[1.0, 2.0, 0.0]], dtype=F64)).flatten()
+    assert torch.allclose(y3, torch.tensor([3.0, 10.0, 8.0], dtype=F64))
+
+
+def test_naive_is_the_textbook_sum() -> None:
+    torch.manual_seed(0)
+    u, k = torch.randn(2, 6, 3, dtype=F64), torch.randn(3, 6, dtype=F64)
+    y = torch.zeros_like(u)
+    for t in range(6):
+        for s in range(t + 1):
+            y[:, t] += k[:, s] * u[:, t - s]
+    assert_close("y", y, conv_naive(u, k), 1e-14)
+
+
+@pytest.mark.parametrize("L", [1, 7, 37, 257, 1000])
+def test_fft_matches_naive_f64(L: int) -> None:
+    torch.manual_seed(L)
+    u, k = torch.randn(2, L, 3, dtype=F64), torch.randn(3, L, dtype=F64)
+    assert_close("y", conv_naive(u, k), conv_fft(u, k), 1e-12)
+
+
+@pytest.mark.parametrize("L", [7, 257])
+def test_fft_f32_keeps_dtype(L: int) -> None:
+    torch.manual_seed(L)
+    u, k = torch.randn(2, L, 3), torch.randn(3, L)
+    out = conv_fft(u, k)
+    assert out.dtype == F32
+    assert_close("y", conv_naive(u, k), out, 1e-5)
+
+
+@pytest.mark.parametrize("L", [7, 37])
+def test_gradients_match(L: int) -> None:
+    torch.manual_seed(L)
+    u0, k0 = torch.randn(2, L, 3, dtype=F64), torch.randn(3, L, dtype=F64)
+    g = torch.randn(2, L, 3, dtype=F64)
+    grads = []
+    for conv in (conv_naive, conv_fft):
+        u, k = u0.clone().requires_grad_(), k0.clone().requires_grad_()
+        grads.append(torch.autograd.grad(conv(u, k), (u, k), g))
+    for name, ref, out in zip(("du", "dk"), *grads):
+        assert_close(name, ref, out, 1e-12)
+
+
+@pytest.mark.parametrize("conv", [conv_naive, conv_fft])
+def test_kernel_length_must_match(conv) -> None:
+    with pytest.raises(ValueError, match=r"must be \(H, L\) = \(3, 8\)"):
+        conv(torch.randn(2, 8, 3), torch.randn(3, 5))
+    with pytest.raises(ValueError, match=r"\(B, L, H\)"):
+        conv(torch.randn(8, 3), torch.randn(3, 8))
