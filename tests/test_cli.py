@@ -53,8 +53,15 @@ def test_build_prints_summary_and_saves(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "depth 6, 2 unique block(s), schedule ABABAB" in out
     assert "applied 3x" in out and "as applied over depth" in out
-    assert "backend (block A): conv: kernel=vandermonde, conv=fft" in out
+    assert "backend (blocks AB): conv: kernel=vandermonde, conv=fft" in out
     assert (tmp_path / "m" / "model.safetensors").is_file() and (tmp_path / "m" / "config.json").is_file()
+    assert main(["inspect", str(tmp_path / "m")]) == 0
+    assert "ok (every tensor present" in capsys.readouterr().out
+    weights = tmp_path / "m" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-64])
+    assert main(["inspect", str(tmp_path / "m")]) == 3
+    err = capsys.readouterr().err
+    assert "truncated" in err and len(err.strip().splitlines()) == 1
 
 
 def test_schema_includes_plugin_params(capsys):
@@ -136,3 +143,11 @@ def test_error_exit_codes_and_no_traceback(tmp_path):
 
     with pytest.raises(CheckpointError, match="HTML"):
         load_pretrained(tmp_path / "m")
+
+
+def test_stream_demo_on_a_real_sequence(capsys):
+    assert main(["stream", str(ROOT / "specs/s4d-basicmotions.yaml"), "--index", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "basicmotions test sequence 3: length 100, 6 channels" in out
+    assert "agreement        : OK" in out
+    assert main(["stream", str(ROOT / "specs/s4d-tiny.yaml")]) == 2  # 2 channels, the data has 6

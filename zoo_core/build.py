@@ -83,8 +83,11 @@ def summary(model: SequenceModel) -> str:
     lines.append(f"  total       {_fmt(count_params(model))}")
     applied = sum(count_params(blocks[i]) for i in model.stack.schedule)
     lines.append(f"  blocks: {_fmt(sum(count_params(b) for b in blocks))} unique, {_fmt(applied)} as applied over depth")
+    chosen: dict[str, list[int]] = {}
     for i, block in enumerate(blocks):
         choice = getattr(block.core, "backend_choice", None)
         if choice is not None:
-            lines.append(f"backend (block {pattern([i])}): {choice.label()}  [{choice.reason}]")
+            chosen.setdefault(f"{choice.label()}  [{choice.reason}]", []).append(i)
+    for text, idx in chosen.items():
+        lines.append(f"backend (block{'s' if len(idx) > 1 else ''} {pattern(idx)}): {text}")
     return "\n".join(lines)

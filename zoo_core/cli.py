@@ -146,6 +146,18 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .build import summary
+    from .io.pretrained import load_pretrained, read_folder
+
+    _, info = read_folder(args.directory)
+    model = load_pretrained(args.directory)
+    print(summary(model))
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in sorted(info["versions"].items())))
+    print(f"{args.directory}: ok (every tensor present, shapes match, all values finite)")
+    return 0
+
+
 def cmd_stream(args: argparse.Namespace) -> int:
     from .demo import stream_demo
 
@@ -178,6 +190,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", help="save the initialised model to this folder")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(fn=cmd_build)
+    s = sub.add_parser("inspect", help="check a saved model folder strictly and print its summary")
+    s.add_argument("directory")
+    s.set_defaults(fn=cmd_inspect)
     s = sub.add_parser("stream", help="run a model on a real sequence in parallel and streamed through step, and compare")
     s.add_argument("spec")
     s.add_argument("--dataset", default="basicmotions", help="a bundled dataset (zoo list --kind datasets)")
