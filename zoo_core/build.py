@@ -77,9 +77,10 @@ def summary(model: SequenceModel) -> str:
     for i, block in enumerate(blocks):
         uses = model.stack.schedule.count(i)
         lines.append(f"  block {pattern([i])}     {_fmt(count_params(block))}  (core {_fmt(count_params(block.core))}; applied {uses}x)")
-    shared = count_params(model.head) if not any(p is model.head.weight for p in model.encoder.parameters()) else count_params(model.head) - model.head.weight.numel()
+    tied = any(p is model.head.weight for p in model.encoder.parameters())
+    head = count_params(model.head) - (model.head.weight.numel() if tied else 0)
     lines.append(f"  final norm  {_fmt(count_params(model.final_norm))}")
-    lines.append(f"  head        {_fmt(shared)}" + ("  (weight tied to the embedding)" if shared != count_params(model.head) else ""))
+    lines.append(f"  head        {_fmt(head)}" + ("  (weight tied to the embedding)" if tied else ""))
     lines.append(f"  total       {_fmt(count_params(model))}")
     applied = sum(count_params(blocks[i]) for i in model.stack.schedule)
     lines.append(f"  blocks: {_fmt(sum(count_params(b) for b in blocks))} unique, {_fmt(applied)} as applied over depth")

@@ -8,7 +8,6 @@ declare the capability the check needs.
 from __future__ import annotations
 
 import inspect
-import math
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -359,5 +358,3 @@ def run_all(case: CoreCase) -> dict[str, str]:
             out[name] = f"FAILED: {type(exc).__name__}: {exc}"
     return out
 
-
-_ = math  # used by plugins' own tolerance helpers
