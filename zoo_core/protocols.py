@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor, nn
 
 State = dict[str, Tensor]
@@ -75,6 +76,16 @@ class StackingPolicy(Protocol):
     def num_blocks(self, depth: int) -> int: ...
 
     def schedule(self, depth: int) -> Sequence[int]: ...
+
+
+def require_float(x: Tensor, who: str) -> None:
+    """Refuse half-precision input to a core that computes in float32/float64 (instead of NaN)."""
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(
+            f"{who} computes in float32 or float64 (its complex recurrences and FFTs have no "
+            f"half-precision path); got {x.dtype} input: cast it with x.float(), or keep autocast "
+            "away from SSM layers"
+        )
 
 
 class CoreBase(nn.Module):

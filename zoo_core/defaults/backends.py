@@ -31,11 +31,14 @@ def _kernel(*allowed: str):  # type: ignore[no-untyped-def]
 @hookimpl
 def zoo_register_backends(register):  # type: ignore[no-untyped-def]
     register("naive", "kernel", "zoo_core.kernels.kernel:kernel_naive", priority=0,
-             supports=_kernel("diag", "dense"),
+             supports=_kernel("diag", "dense", "dplr"),
              description="reference: powers of the discrete state matrix, one step at a time (O(N·L), O(N²·L) dense)")
     register("vandermonde", "kernel", "zoo_core.kernels.kernel:kernel_vandermonde", priority=10,
              supports=_kernel("diag"),
              description="diagonal systems: blocked Vandermonde product, exp only on O(N·(T + L/T)) entries, memory O(H·(N·√L + L))")
+    register("cauchy", "kernel", "zoo_core.kernels.dplr:kernel_cauchy", priority=10,
+             supports=_kernel("dplr"),
+             description="DPLR (S4) systems: generating function at the roots of unity, four chunked Cauchy sums and a division-free rank-1 Woodbury, then irfft; memory O(H·(N + L)) plus one chunk")
     register("naive", "conv", "zoo_core.kernels.conv:conv_naive", priority=0, supports=_lti_only,
              description="reference: direct causal convolution, O(L²)")
     register("fft", "conv", "zoo_core.kernels.conv:conv_fft", priority=10, supports=_lti_only,

@@ -20,6 +20,7 @@ import errno
 import os
 import secrets
 import shutil
+import stat
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -248,9 +249,13 @@ def _swap(staging: Path, target: Path) -> None:
 
 
 def _check_target_dir(target: Path) -> None:
-    if target.is_symlink():
+    try:  # one lstat: a concurrent save may rename the target away between two separate checks
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(mode):
         raise CheckpointError(f"{target} is a symbolic link; save to the folder it points to instead")
-    if os.path.lexists(target) and not target.is_dir():
+    if not stat.S_ISDIR(mode):
         raise CheckpointError(f"{target} exists and is not a folder; choose another path or remove it")
 
 

@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from .systems import DenseSystem, DiagSystem
+from .systems import DenseSystem, DiagSystem, DPLRSystem
 
 
 def _common(*xs: Tensor) -> tuple[Tensor, ...]:
@@ -51,12 +51,12 @@ def _naive_dense(system: DenseSystem, L: int) -> Tensor:
     return torch.stack(out, -1)  # (H, L)
 
 
-def kernel_naive(system: DiagSystem | DenseSystem, L: int) -> Tensor:
+def kernel_naive(system: DiagSystem | DenseSystem | DPLRSystem, L: int) -> Tensor:
     """Reference kernel: powers of the state matrix, one step at a time.
 
     Args:
-        system: a ``DiagSystem`` (log_a, w: (H, N)) or a ``DenseSystem``
-            (A: (H, N, N); B, C: (H, N)).
+        system: a ``DiagSystem`` (log_a, w: (H, N)), a ``DenseSystem``
+            (A: (H, N, N); B, C: (H, N)) or a ``DPLRSystem`` (densified, see ``kernel_dplr_naive``).
         L: kernel length, at least 1.
 
     Returns:
@@ -67,8 +67,12 @@ def kernel_naive(system: DiagSystem | DenseSystem, L: int) -> Tensor:
         return _naive_diag(system, L)
     if isinstance(system, DenseSystem):
         return _naive_dense(system, L)
+    if isinstance(system, DPLRSystem):
+        from .dplr import kernel_dplr_naive  # here: dplr builds on this module
+
+        return kernel_dplr_naive(system, L)
     raise TypeError(
-        f"kernel_naive takes a DiagSystem or a DenseSystem, got {type(system).__name__}"
+        f"kernel_naive takes a DiagSystem, DenseSystem or DPLRSystem, got {type(system).__name__}"
     )
 
 

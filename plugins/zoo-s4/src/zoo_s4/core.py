@@ -1,0 +1,167 @@
+"""S4: HiPPO-LegS in diagonal-plus-low-rank form, one SISO system per channel.
+
+Letters: B batch, L length, H channels (d_model), N state size, M = N/2 stored conjugate pairs.
+
+    continuous   x' = (Λ − PP*) x + B u,   y = C x + D u               Λ, P, B, C ∈ C^(H×M)
+    discrete     bilinear with step Δ per channel
+    training     K by the Cauchy/Woodbury algorithm from C̃ = C(I − Ā^{l_max}); y = K * u + D u
+    streaming    x_t = Ā x_{t−1} + B̄ u_t in O(N) (DPLR half-steps), with C recovered from C̃
+
+C̃ belongs to the kernel length ``l_max`` and to the trained Δ. A longer input, or a rescaled Δ
+(``dt_scale``), converts C̃ exactly: C is recovered once (a dense solve) and C̃ rebuilt for the new
+length and step. Complex parameters are stored as real (..., 2) views.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from zoo_core.backends import resolve
+from zoo_core.init.diag import log_uniform_dt
+from zoo_core.init.hippo import dplr_legs
+from zoo_core.kernels.dplr import DPLRStep, StepMatrices, c_from_ctilde, ctilde_from_c
+from zoo_core.kernels.systems import DPLRSystem
+from zoo_core.plugins import get_registry
+from zoo_core.protocols import CoreBase, OptimHint, State, require_float
+from zoo_core.registry import Problem
+
+from .plugin import CAPABILITIES
+
+log = logging.getLogger(__name__)
+
+
+def _complex_of(real: torch.dtype) -> torch.dtype:
+    return torch.complex128 if real == torch.float64 else torch.complex64
+
+
+class S4(CoreBase):
+    capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES)
+    paths: ClassVar[dict[str, tuple[str, ...]]] = {"conv": ("kernel", "conv")}
+    prefer: ClassVar[tuple[str, ...]] = ("conv",)
+    reference: ClassVar[dict[str, str]] = {"kernel": "naive", "conv": "naive"}
+    problem: ClassVar[Problem] = Problem(structure="dplr", lti=True, complex=True)
+
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 64,
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
+        dt_scale: float = 1.0,
+        l_max: int = 1024,
+        ssm_lr: float | None = 1e-3,
+        backend: str | Mapping[str, str] = "auto",
+        *,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        real = dtype or torch.get_default_dtype()
+        if d_state % 2:
+            raise ValueError(f"d_state must be even (N/2 conjugate pairs are stored), got {d_state}")
+        H, M = d_model, d_state // 2
+        self.d_model, self.d_state, self.l_max = d_model, d_state, l_max
+        self.dt_scale, self.ssm_lr = float(dt_scale), ssm_lr
+        kw = {"device": device, "dtype": real}
+        lam, p, b = (v.expand(H, M) for v in dplr_legs(d_state, dtype=torch.complex128))  # (H, M) each
+        log_dt = log_uniform_dt(H, dt_min, dt_max, dtype=torch.float64)  # (H,)
+        c = torch.randn(H, M, dtype=torch.complex128)  # (H, M) true readout, complex normal
+        ct = ctilde_from_c(DPLRSystem(lam, p, b, c, torch.exp(log_dt)), l_max)  # (H, M) C̃ for l_max
+        self.log_dt = nn.Parameter(log_dt.to(**kw))  # (H,)
+        self.log_A_real = nn.Parameter(torch.log(-lam.real).to(**kw))  # (H, M)  Re Λ = −exp(·)
+        self.A_imag = nn.Parameter(lam.imag.to(**kw))  # (H, M)
+        self.P = nn.Parameter(torch.view_as_real(p.contiguous()).to(**kw))  # (H, M, 2)
+        self.B = nn.Parameter(torch.view_as_real(b.contiguous()).to(**kw))  # (H, M, 2)
+        self.C = nn.Parameter(torch.view_as_real(ct).to(**kw))  # (H, M, 2)  holds C̃
+        self.D = nn.Parameter(torch.randn(H, **kw))  # (H,)
+        self.backend_choice = resolve(backend, paths=self.paths, prefer=self.prefer, reference=self.reference,
+                                      problem=self.problem, who="core 's4'", registry=get_registry())
+        self._step_cache: tuple[Any, StepMatrices] | None = None
+
+    # parameters -> system ----------------------------------------------------------------
+    def _trained_system(self) -> DPLRSystem:
+        """The system as trained: C̃ for l_max at the trained Δ."""
+        lam = torch.complex(-torch.exp(self.log_A_real), self.A_imag)  # (H, M)
+        as_c = torch.view_as_complex
+        return DPLRSystem(lam, as_c(self.P), as_c(self.B), as_c(self.C), torch.exp(self.log_dt))
+
+    def system(self, length: int) -> tuple[DPLRSystem, int]:
+        """The system to run on ``length`` steps and the kernel length its C̃ belongs to."""
+        base = self._trained_system()
+        if length <= self.l_max and self.dt_scale == 1.0:
+            return base, self.l_max
+        target = max(length, self.l_max)
+        true_c = c_from_ctilde(base, self.l_max)  # (H, M)
+        moved = dataclasses.replace(base, C=true_c, dt=base.dt * self.dt_scale)
+        return dataclasses.replace(moved, C=ctilde_from_c(moved, target)), target
+
+    # sequence --------------------------------------------------------------------------
+    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
+        return self._run(x, state, want_state=False)[0]
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        y, h = self._run(x, state, want_state=True)
+        return y, {"h": h}
+
+    def _run(self, x: Tensor, state: State | None, want_state: bool) -> tuple[Tensor, Tensor | None]:
+        require_float(x, "S4")
+        L = x.shape[1]
+        system, kernel_len = self.system(L)
+        K = self.backend_choice.fn("kernel")(system, kernel_len)[:, :L]  # (H, L)
+        y = self.backend_choice.fn("conv")(x, K.to(x.dtype)) + x * self.D  # (B, L, H)
+        h0 = None if state is None else state["h"]
+        if h0 is None and not want_state:
+            return y, None
+        mats = DPLRStep.precompute(system, kernel_len)
+        if h0 is not None:  # the free response C Ā^(t+1) h0, step by step with zero input
+            zero, h, free = x.new_zeros(x.shape[0], x.shape[2]), h0, []
+            for _ in range(L):
+                y_t, h = DPLRStep.step(mats, h, zero)
+                free.append(y_t)
+            y = y + torch.stack(free, 1).to(y.dtype)
+        h = h0 if h0 is not None else DPLRStep.init_state(mats, x.shape[0])
+        for t in range(L):  # the final state (for chunked streaming), O(N) per step
+            _, h = DPLRStep.step(mats, h, x[:, t])
+        return y, h
+
+    # streaming -------------------------------------------------------------------------
+    def _step_matrices(self) -> StepMatrices:
+        if torch.is_grad_enabled():
+            return DPLRStep.precompute(*self.system(self.l_max))
+        key = (tuple(p._version for p in self.parameters()), tuple(p.data_ptr() for p in self.parameters()), self.dt_scale, self.l_max)
+        if self._step_cache is None or self._step_cache[0] != key:
+            self._step_cache = (key, DPLRStep.precompute(*self.system(self.l_max)))
+        return self._step_cache[1]
+
+    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
+        require_float(x_t, "S4")
+        y, h = DPLRStep.step(self._step_matrices(), state["h"], x_t)
+        return y.to(x_t.dtype) + self.D * x_t, {"h": h}
+
+    def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
+        real = dtype or self.D.dtype
+        return {"h": torch.zeros(batch_size, self.d_model, self.d_state // 2,
+                                 dtype=_complex_of(real), device=device or self.D.device)}
+
+    # capabilities ----------------------------------------------------------------------
+    def rescale_dt(self, factor: float) -> None:
+        """Multiply every Δ by ``factor`` (2.0: the input is sampled at half the rate)."""
+        if not (factor > 0 and math.isfinite(factor)):
+            raise ValueError(f"dt rescaling factor must be a positive finite number, got {factor}")
+        self.dt_scale *= factor
+
+    def optim_hints(self) -> Mapping[str, OptimHint]:
+        if self.ssm_lr is None:
+            return {}
+        hint = OptimHint(lr=self.ssm_lr, weight_decay=0.0)
+        return {name: hint for name in ("log_dt", "log_A_real", "A_imag", "P", "B")}
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, d_state={self.d_state}, l_max={self.l_max}, backend={self.backend_choice.label()}"

@@ -1,0 +1,5 @@
+from zoo_core.testing import ConformanceSuite
+
+
+class TestS4(ConformanceSuite):
+    core = "s4"
