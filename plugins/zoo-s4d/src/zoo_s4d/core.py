@@ -23,7 +23,7 @@ from zoo_core.backends import resolve
 from zoo_core.init.diag import log_uniform_dt, s4d_init
 from zoo_core.kernels.systems import DiagSystem
 from zoo_core.plugins import get_registry
-from zoo_core.protocols import CoreBase, OptimHint, State
+from zoo_core.protocols import CoreBase, OptimHint, State, require_float
 from zoo_core.registry import Problem
 
 from .plugin import CAPABILITIES
@@ -96,6 +96,7 @@ class S4D(CoreBase):
         return y, {"h": h}
 
     def _run(self, x: Tensor, state: State | None, want_state: bool) -> tuple[Tensor, Tensor | None]:
+        require_float(x, "S4D")
         d = self._discrete()
         h0 = None if state is None else state["h"]  # (B, H, P)
         if self.backend_choice.path == "recurrent":
@@ -140,6 +141,7 @@ class S4D(CoreBase):
 
     # streaming -------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
+        require_float(x_t, "S4D")
         d = self._discrete()
         h = d.a * state["h"] + d.b * x_t[..., None].to(d.b.dtype)  # (B, H, P)
         y = 2 * (h * self._C()).sum(-1).real + self.D * x_t  # (B, H)
