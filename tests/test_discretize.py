@@ -143,3 +143,19 @@ def test_dense_zoh_needs_no_inverse() -> None:
     d = zoh(A, B, torch.tensor([0.5], dtype=F64), structure="dense")
     assert_close("a", torch.tensor([[[1.0, 0.5], [0.0, 1.0]]], dtype=F64), d.a, 1e-14)
     assert_close("b", torch.tensor([[0.5 * 2 + 0.125 * 3, 0.5 * 3]], dtype=F64), d.b, 1e-14)
+
+
+def test_bilinear_keeps_every_hippo_eigenvalue_inside_the_unit_disk() -> None:
+    """The S4 explainer: bilinear maps the left half-plane into the unit disk, for every Δ > 0,
+    so every HiPPO-LegS eigenvalue (−1…−N) and every eigenvalue of its normal part stays stable."""
+    from zoo_core.init.hippo import hippo_legs, nplr_legs
+
+    N = 16
+    A, B = hippo_legs(N)
+    lam_normal = nplr_legs(N).Lambda  # −½ + iω
+    for dt in torch.logspace(-4, 4, 17, dtype=torch.float64):
+        Abar = bilinear(A[None], B[None], dt[None], structure="dense").a
+        radius = torch.linalg.eigvals(Abar[0]).abs().max()
+        assert radius < 1, (float(dt), float(radius))
+        a_normal = bilinear(lam_normal[None], torch.ones_like(lam_normal)[None], dt, structure="diag").a
+        assert bool((a_normal.abs() < 1).all()), float(dt)
