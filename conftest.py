@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parent
 
 
 def _repo_plugin_dists() -> list[str]:
     names = []
-    for pyproject in sorted(ROOT.glob("plugins/*/pyproject.toml")):
+    for pyproject in sorted([*ROOT.glob("plugins/*/pyproject.toml"), *ROOT.glob("examples/*/pyproject.toml")]):
         m = re.search(r'^name\s*=\s*"([^"]+)"', pyproject.read_text(), re.M)
         if m:
             names.append(m.group(1))
