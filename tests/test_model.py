@@ -109,3 +109,67 @@ def test_build_is_deterministic_with_seed():
     a, b = (build_model(CASES["regression-rms-linear"], seed=5) for _ in range(2))
     for (n, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(p, q), n
+
+
+def test_ema_batch_norm_follows_equinox_legacy_semantics():
+    from zoo_core.blocks import EMABatchNorm
+
+    torch.manual_seed(0)
+    bn = EMABatchNorm(3, affine=False).train()
+    x1, x2 = torch.randn(4, 10, 3) * 2 + 1, torch.randn(4, 10, 3) - 3
+    m1, v1 = x1.mean((0, 1)), x1.var((0, 1), unbiased=False)
+    torch.testing.assert_close(bn(x1), (x1 - m1) / torch.sqrt(v1 + 1e-5))  # first call: batch stats
+    m2 = 0.99 * m1 + 0.01 * x2.mean((0, 1))
+    v2 = 0.99 * v1 + 0.01 * x2.var((0, 1), unbiased=False)
+    torch.testing.assert_close(bn(x2), (x2 - m2) / torch.sqrt(v2 + 1e-5))  # then the EMA mix
+    torch.testing.assert_close(bn.running_mean, m2)
+    bn.eval()
+    torch.testing.assert_close(bn(x1), (x1 - m2) / torch.sqrt(v2 + 1e-5))  # eval: stored stats
+    torch.testing.assert_close(bn(x1[:, 0]), ((x1 - m2) / torch.sqrt(v2 + 1e-5))[:, 0])  # one step
+
+
+def test_ema_batch_norm_gradient_flows_only_through_the_batch_part():
+    from zoo_core.blocks import EMABatchNorm
+
+    torch.manual_seed(1)
+    bn = EMABatchNorm(2, affine=False).train()
+    x0 = torch.randn(8, 5, 2)
+    bn(x0)
+    m1, v1 = bn.running_mean.clone(), bn.running_var.clone()
+    x = torch.randn(8, 5, 2, requires_grad=True)
+    cot = torch.randn(8, 5, 2)
+    (gx,) = torch.autograd.grad((bn(x) * cot).sum(), x)
+    xr = x.detach().clone().requires_grad_(True)
+    mean = 0.99 * m1 + 0.01 * xr.mean((0, 1))  # stored statistics are constants
+    var = 0.99 * v1 + 0.01 * xr.var((0, 1), unbiased=False)
+    (gr,) = torch.autograd.grad((((xr - mean) / torch.sqrt(var + 1e-5)) * cot).sum(), xr)
+    torch.testing.assert_close(gx, gr)
+
+
+def test_time_channel_streams_like_the_parallel_forward():
+    s = spec({"kind": "sequence", "outputs": 2}, {"channels": 3, "include_time": True, "length": 50}, depth=2)
+    model = build_model(s, seed=0).double().eval()
+    assert model.encoder.in_features == 4
+    x = torch.randn(2, 17, 3, dtype=torch.float64)
+    with torch.no_grad():
+        full = model(x)
+        state = model.init_state(2)
+        outs = []
+        for t in range(17):
+            y, state = model.step(x[:, t], state)
+            outs.append(y)
+        torch.testing.assert_close(torch.stack(outs, 1), full, rtol=1e-9, atol=1e-9)
+        _, st = model.forward_with_state(x[:, :9])
+        assert int(st["input.t"][0]) == 9
+
+
+def test_uea_block_preset_and_overrides():
+    s = spec({"kind": "classification", "classes": 2}, {"channels": 3}, block={"preset": "uea", "dropout": 0.05})
+    model = build_model(s, seed=0)
+    block = model.spec["model"]["block"]
+    assert block["norm"] == "batch" and block["activation"] == "gelu_tanh" and block["output"] == "glu"
+    assert block["dropout"] == 0.05 and block["preset"] == "uea"
+    b = model.stack.blocks[0]
+    assert b.act.approximate == "tanh" and b.norm.bn.affine
+    ema = build_model(spec({"kind": "classification", "classes": 2}, {"channels": 3}, block={"preset": "uea-ema"}), seed=0)
+    assert type(ema.stack.blocks[0].norm).__name__ == "EMABatchNorm" and ema.stack.blocks[0].norm.weight is None

@@ -183,8 +183,8 @@ def test_discretizer_and_backend_hooks_register():
         register("zoh2", "zoo_core.discretize:zoh", structures=("diag",))
 
     def zoo_register_backends(register):
-        register("keops", "kernel", "zoo_core.kernels.kernel:kernel_vandermonde", priority=99, requires=("pykeops_is_not_here",))
+        register("fastkernel", "kernel", "zoo_core.kernels.kernel:kernel_vandermonde", priority=99, requires=("pykeops_is_not_here",))
 
     reg = load_registry([*_base(), inline_source("db", _plugin("db", zoo_register_discretizers=zoo_register_discretizers, zoo_register_backends=zoo_register_backends))])
     assert "zoh2" in reg.discretizers
-    assert "pykeops_is_not_here" in reg.backend("kernel", "keops").unavailable_reason()
+    assert "pykeops_is_not_here" in reg.backend("kernel", "fastkernel").unavailable_reason()

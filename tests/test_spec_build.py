@@ -91,9 +91,9 @@ def test_backends_that_cannot_serve_give_the_reason(tmp_path):
     keops.__name__ = "keops"
     keops.zoo_api = 1
     keops.zoo_register_backends = hookimpl(lambda register: register(
-        "keops", "kernel", "zoo_core.kernels.kernel:kernel_vandermonde", priority=1, requires=("pykeops_not_installed",)))
+        "fastkernel", "kernel", "zoo_core.kernels.kernel:kernel_vandermonde", priority=1, requires=("pykeops_not_installed",)))
     reg = load_registry([*entry_point_sources(), inline_source("keops", keops)])
-    msg = error_of(tmp_path, GOOD.replace("backend: auto", "backend: keops"), registry=reg)
+    msg = error_of(tmp_path, GOOD.replace("backend: auto", "backend: fastkernel"), registry=reg)
     assert "cannot serve core 's4d'" in msg and "'pykeops_not_installed' is not installed" in msg
 
 

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from .protocols import State
 
-NORMS = ("layer", "rms", "batch", "none")
+NORMS = ("layer", "rms", "batch", "ema_batch", "none")
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "identity")
 OUTPUTS = ("glu", "linear", "none")
 
@@ -31,13 +31,55 @@ class ChannelBatchNorm(nn.Module):
         return self.bn(x.transpose(1, 2)).transpose(1, 2)  # (B, L, H)
 
 
-def make_norm(kind: str, d_model: int, **kw: Any) -> nn.Module:
+class EMABatchNorm(nn.Module):
+    """Equinox's legacy ("ema") BatchNorm, as in the Log-NCDE/LinOSS backbone (models.md §12.1).
+
+    Unlike PyTorch's, it normalises with the running statistics during training too: the first
+    training call sets them to the batch statistics (biased variance over batch and time), later
+    calls mix ``0.99·running + 0.01·batch`` and normalise with the mixed values; gradients flow
+    only through the batch part. Eval uses the stored statistics. Shapes (B, L, H) or (B, H).
+    """
+
+    def __init__(self, d_model: int, *, momentum: float = 0.99, eps: float = 1e-5, affine: bool = True,
+                 device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.momentum, self.eps = momentum, eps
+        self.register_buffer("running_mean", torch.zeros(d_model, **kw))
+        self.register_buffer("running_var", torch.ones(d_model, **kw))
+        self.register_buffer("initialised", torch.zeros((), dtype=torch.bool, device=device))
+        self.weight = nn.Parameter(torch.ones(d_model, **kw)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(d_model, **kw)) if affine else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        mean, var = self.running_mean, self.running_var  # (H,)
+        if self.training:
+            dims = tuple(range(x.dim() - 1))  # batch (and time)
+            b_mean, b_var = x.mean(dims), x.var(dims, unbiased=False)  # (H,)
+            if bool(self.initialised):
+                m = self.momentum
+                mean, var = m * mean + (1 - m) * b_mean, m * var + (1 - m) * b_var
+            else:
+                mean, var = b_mean, b_var
+            with torch.no_grad():
+                self.running_mean.copy_(mean)
+                self.running_var.copy_(var)
+                self.initialised.fill_(True)
+        y = (x - mean) / torch.sqrt(var + self.eps)
+        if self.weight is not None:
+            y = y * self.weight + self.bias
+        return y
+
+
+def make_norm(kind: str, d_model: int, *, affine: bool = True, **kw: Any) -> nn.Module:
     if kind == "layer":
-        return nn.LayerNorm(d_model, **kw)
+        return nn.LayerNorm(d_model, elementwise_affine=affine, **kw)
     if kind == "rms":
-        return nn.RMSNorm(d_model, eps=1e-5, **kw)
+        return nn.RMSNorm(d_model, eps=1e-5, elementwise_affine=affine, **kw)
     if kind == "batch":
-        return ChannelBatchNorm(d_model, **kw)
+        return ChannelBatchNorm(d_model, affine=affine, **kw)
+    if kind == "ema_batch":
+        return EMABatchNorm(d_model, affine=affine, **kw)
     if kind == "none":
         return nn.Identity()
     raise ValueError(f"unknown norm {kind!r}; choose one of {NORMS}")
@@ -75,6 +117,7 @@ class Block(nn.Module):
         d_model: int,
         *,
         norm: str = "layer",
+        norm_affine: bool = True,
         prenorm: bool = True,
         activation: str = "gelu",
         output: str = "glu",
@@ -85,7 +128,7 @@ class Block(nn.Module):
     ) -> None:
         super().__init__()
         kw = {"device": device, "dtype": dtype}
-        self.norm = make_norm(norm, d_model, **kw)
+        self.norm = make_norm(norm, d_model, affine=norm_affine, **kw)
         self.core = core
         self.act = make_activation(activation)
         self.out = make_output(output, d_model, **kw)

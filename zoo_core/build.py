@@ -36,13 +36,13 @@ def build_model(
     params = spec.core_params.model_dump()
     schedule = spec.policy.schedule(m.depth)
     blocks = [
-        Block(core_cls(**params, **kw), m.d_model, **m.block.model_dump(), **kw)
+        Block(core_cls(**params, **kw), m.d_model, **m.block.recipe(), **kw)
         for _ in range(spec.policy.num_blocks(m.depth))
     ]
     if env.input.vocab_size is not None:
         encoder: nn.Module = nn.Embedding(env.input.vocab_size, m.d_model, **kw)
     else:
-        encoder = nn.Linear(env.input.channels, m.d_model, **kw)
+        encoder = nn.Linear(env.input.channels + int(env.input.include_time), m.d_model, **kw)
     out = {"classification": env.task.classes, "lm": env.input.vocab_size}.get(env.task.kind, env.task.outputs)
     head = nn.Linear(m.d_model, out, bias=not m.tie_embeddings, **kw)
     if m.tie_embeddings:
@@ -55,6 +55,7 @@ def build_model(
         pool=env.pool,
         d_model=m.d_model,
         final_norm=make_norm(m.final_norm, m.d_model, **kw),
+        time_length=env.input.length if env.input.include_time else None,
         spec=spec.resolved(),
     )
 

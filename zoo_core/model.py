@@ -31,6 +31,7 @@ class SequenceModel(nn.Module):
         pool: str,
         d_model: int,
         final_norm: nn.Module | None = None,
+        time_length: int | None = None,
         spec: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
@@ -43,12 +44,22 @@ class SequenceModel(nn.Module):
         self.task = task
         self.pool = pool
         self.d_model = d_model
+        self.time_length = time_length
         self.spec: dict[str, Any] = spec or {}
+
+    # input --------------------------------------------------------------------------
+    def _encode(self, x: Tensor, start: Tensor | int = 0) -> Tensor:
+        """Encoder input, with the time channel t_i = i / length prepended when configured."""
+        if self.time_length is not None:
+            steps = torch.arange(x.shape[1], device=x.device, dtype=x.dtype) + torch.as_tensor(start, device=x.device)[..., None].to(x.dtype)
+            t = (steps / self.time_length).expand(x.shape[0], -1)[..., None]  # (B, L, 1)
+            x = torch.cat([t, x], dim=-1)  # (B, L, 1 + D)
+        return self.encoder(x)
 
     # parallel --------------------------------------------------------------------------
     def features(self, x: Tensor) -> Tensor:
         """Per-step features (B, L, H) after the stack and final norm."""
-        return self.final_norm(self.stack(self.encoder(x)))
+        return self.final_norm(self.stack(self._encode(x)))
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.features(x)  # (B, L, H)
@@ -61,9 +72,11 @@ class SequenceModel(nn.Module):
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         """Run a chunk starting from ``state`` (None: from zero); returns the output and new state."""
         layer_states = None if state is None else self._layer_states(state)
-        h, new_layers = self.stack.forward_with_state(self.encoder(x), layer_states)
+        start = 0 if state is None else state["input.t"]
+        h, new_layers = self.stack.forward_with_state(self._encode(x, start), layer_states)
         h = self.final_norm(h)  # (B, L, H)
         new_state = self._flatten(new_layers)
+        new_state["input.t"] = torch.as_tensor(start, device=h.device).expand(h.shape[0]) + h.shape[1]
         if self.pool == "none":
             return self.head(h), new_state
         total = h.sum(dim=1) + (0 if state is None else state["pool.sum"])  # (B, H)
@@ -79,6 +92,7 @@ class SequenceModel(nn.Module):
         device = device or p.device
         dtype = dtype or (p.dtype if p.is_floating_point() else torch.float32)
         state = self._flatten(self.stack.init_state(batch_size, device=device, dtype=dtype))
+        state["input.t"] = torch.zeros(batch_size, device=device, dtype=torch.long)
         if self.pool != "none":
             width = self.d_model
             state["pool.sum"] = torch.zeros(batch_size, width, device=device, dtype=dtype)
@@ -88,9 +102,11 @@ class SequenceModel(nn.Module):
 
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         """One time step: x_t is (B, D) features or (B,) tokens; returns (B, O) and the new state."""
-        h_t, layers = self.stack.step(self.encoder(x_t), self._layer_states(state))
+        enc = self._encode(x_t[:, None], state["input.t"])[:, 0] if self.time_length is not None else self.encoder(x_t)
+        h_t, layers = self.stack.step(enc, self._layer_states(state))
         h_t = self.final_norm(h_t)  # (B, H)
         new_state = self._flatten(layers)
+        new_state["input.t"] = state["input.t"] + 1
         if self.pool == "none":
             return self.head(h_t), new_state
         new_state["pool.sum"] = state["pool.sum"] + h_t

@@ -28,6 +28,20 @@ def _kernel(*allowed: str):  # type: ignore[no-untyped-def]
     return lambda p: _lti_only(p) or structures(p)
 
 
+def _keops_supports(p: Problem) -> str | None:
+    """DPLR only, and only once pykeops has passed a run-time check (cached per process).
+
+    ``requires`` has already found the package; the check imports it and runs a tiny kernel
+    against kernel_cauchy, since a pykeops that imports may still fail to compile.
+    """
+    reason = _kernel("dplr")(p)
+    if reason is not None:
+        return reason
+    from ..kernels.keops import runtime_reason  # imports torch: only when asked
+
+    return runtime_reason()
+
+
 @hookimpl
 def zoo_register_backends(register):  # type: ignore[no-untyped-def]
     register("naive", "kernel", "zoo_core.kernels.kernel:kernel_naive", priority=0,
@@ -39,6 +53,9 @@ def zoo_register_backends(register):  # type: ignore[no-untyped-def]
     register("cauchy", "kernel", "zoo_core.kernels.dplr:kernel_cauchy", priority=10,
              supports=_kernel("dplr"),
              description="DPLR (S4) systems: generating function at the roots of unity, four chunked Cauchy sums and a division-free rank-1 Woodbury, then irfft; memory O(H·(N + L)) plus one chunk")
+    register("keops", "kernel", "zoo_core.kernels.keops:kernel_cauchy_keops", priority=20,
+             supports=_keops_supports, requires=("pykeops",),
+             description="DPLR (S4) systems: kernel_cauchy with the four Cauchy sums fused in one pykeops reduction (JIT-compiled on first use); optional: pip install pykeops")
     register("naive", "conv", "zoo_core.kernels.conv:conv_naive", priority=0, supports=_lti_only,
              description="reference: direct causal convolution, O(L²)")
     register("fft", "conv", "zoo_core.kernels.conv:conv_fft", priority=10, supports=_lti_only,

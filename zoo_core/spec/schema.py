@@ -39,11 +39,16 @@ class InputSpec(_Strict):
 
     channels: int | None = Field(None, gt=0, le=10**6)
     vocab_size: int | None = Field(None, gt=1, le=10**7)
+    include_time: bool = Field(False, description="prepend the time channel t_i = i / length as feature 0")
+    length: int | None = Field(None, gt=0, le=10**8, description="nominal sequence length (the time channel's scale)")
 
     @model_validator(mode="after")
     def _one(self) -> InputSpec:
         if (self.channels is None) == (self.vocab_size is None):
             raise ValueError("set exactly one of input.channels (real features) or input.vocab_size (tokens)")
+        if self.include_time and (self.length is None or self.channels is None):
+            raise ValueError("input.include_time needs real features (input.channels) and input.length, "
+                             "the sequence length that scales t_i = i / length (fixed so streaming agrees)")
         return self
 
 
@@ -52,13 +57,40 @@ class StackingSpec(_Strict):
     period: int | None = Field(None, gt=0, le=4096, description="blocks per period (policy 'periodic')")
 
 
+BLOCK_PRESETS: dict[str, dict[str, Any]] = {
+    # The Log-NCDE/LinOSS backbone block that "Reshape and Recur" builds on (models.md §12.1):
+    # norm → SSM → GELU (tanh) → dropout → GLU → dropout → residual, with PyTorch's affine
+    # BatchNorm — the paper's Table 3 parameter counts need the norm's 2·H affine parameters.
+    "uea": {"norm": "batch", "norm_affine": True, "prenorm": True, "activation": "gelu_tanh",
+            "output": "glu", "dropout": 0.1, "residual": True},
+    # The same block with Equinox's EMA batch norm and no affine parameters, as the JAX code runs.
+    "uea-ema": {"norm": "ema_batch", "norm_affine": False, "prenorm": True, "activation": "gelu_tanh",
+                "output": "glu", "dropout": 0.1, "residual": True},
+}
+
+
 class BlockSpec(_Strict):
-    norm: Literal["layer", "rms", "batch", "none"] = "layer"
+    """The residual block around each core; ``preset`` fills defaults, explicit keys win."""
+
+    preset: Literal["uea", "uea-ema"] | None = Field(None, description="a named block recipe (see BLOCK_PRESETS)")
+    norm: Literal["layer", "rms", "batch", "ema_batch", "none"] = "layer"
+    norm_affine: bool = True
     prenorm: bool = True
     activation: Literal["gelu", "gelu_tanh", "silu", "relu", "identity"] = "gelu"
     output: Literal["glu", "linear", "none"] = "glu"
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     residual: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("preset"), str) and data["preset"] in BLOCK_PRESETS:
+            return {**BLOCK_PRESETS[data["preset"]], **data}
+        return data
+
+    def recipe(self) -> dict[str, Any]:
+        """The keyword arguments of ``zoo_core.blocks.Block``."""
+        return self.model_dump(exclude={"preset"})
 
 
 class CoreSpec(BaseModel):
