@@ -13,7 +13,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,data]" $(addprefix -e ,$(PLUGINS))
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,data]" $(foreach p,$(PLUGINS),-e "$(p)[test]")
 	touch $@
 
 demo: setup

@@ -37,13 +37,15 @@ def test_list_filters_and_json(capsys):
     assert table["backends"] == []
     assert main(["list", "--kind", "backends", "--json"]) == 0
     names = {r["name"] for r in json.loads(capsys.readouterr().out)["backends"]}
-    assert names == {"kernel:naive", "kernel:vandermonde", "kernel:cauchy", "conv:naive", "conv:fft", "scan:naive", "scan:scan"}
+    assert names == {"kernel:naive", "kernel:vandermonde", "kernel:cauchy", "kernel:keops", "conv:naive", "conv:fft", "scan:naive", "scan:scan"}
 
 
 def test_info_on_each_kind(capsys):
     for name, kind in [("s4d", "core"), ("s4d-tiny", "preset"), ("vandermonde", "backend"), ("zoh", "discretizer"), ("periodic", "stacking policy")]:
         assert main(["info", name, "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["kind"] == kind
+    assert main(["info", "linoss-imex", "--json"]) == 0  # a preset and a discretizer share the name
+    assert {m["kind"] for m in json.loads(capsys.readouterr().out)} == {"preset", "discretizer"}
     assert main(["info", "s4dd"]) == 2
     assert "did you mean 's4d'" in capsys.readouterr().err
 
@@ -132,10 +134,10 @@ def test_plugin_commands_hook(tmp_path):
 
 def test_error_exit_codes_and_no_traceback(tmp_path):
     spec = tmp_path / "s.yaml"
-    spec.write_text("schema_version: 1\ntask: {kind: classification, classes: 2}\ninput: {channels: 3}\nmodel: {d_model: 8, depth: 2, core: {kind: s5}}\n")
+    spec.write_text("schema_version: 1\ntask: {kind: classification, classes: 2}\ninput: {channels: 3}\nmodel: {d_model: 8, depth: 2, core: {kind: mamba}}\n")
     proc = run(["build", str(spec)])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "s.yaml:4" in proc.stderr and "zoo-s5" in proc.stderr
+    assert "s.yaml:4" in proc.stderr and "zoo-mamba" in proc.stderr
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "model.safetensors").write_bytes(b"<!DOCTYPE html><html>rate limited</html>")
     from zoo_core.errors import CheckpointError

@@ -67,40 +67,50 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _info_matches(reg: Any, name: str) -> list[dict[str, Any]]:
+    """Everything registered under ``name``: a preset and a discretizer may share one."""
+    found: list[dict[str, Any]] = []
+    if name in reg.presets():
+        core, preset = reg.presets()[name]
+        found.append({"kind": "preset", "name": name, "core": core.name, "params": dict(core.presets[preset])})
+    if name in reg.cores:
+        e = reg.cores[name]
+        found.append({"kind": "core", "name": name, "provider": str(e.provider), "capabilities": sorted(e.capabilities),
+                      "presets": {k: dict(v) for k, v in e.presets.items()}, "card": e.card,
+                      "params": e.params.model_json_schema()})
+    backends = [
+        {"op": op, "priority": b.priority, "description": b.description, "provider": str(b.provider),
+         "unavailable": b.unavailable_reason()}
+        for (op, n), b in sorted(reg.backends.items()) if name in (n, f"{op}:{n}")
+    ]
+    if backends:
+        found.append({"kind": "backend", "name": name, "implementations": backends})
+    if name in reg.discretizers:
+        e = reg.discretizers[name]
+        found.append({"kind": "discretizer", "name": name, "structures": sorted(e.structures),
+                      "description": e.description, "provider": str(e.provider)})
+    if name in reg.stacking_policies:
+        e = reg.stacking_policies[name]
+        found.append({"kind": "stacking policy", "name": name, "description": e.description, "provider": str(e.provider)})
+    return found
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from .errors import UnknownNameError, did_you_mean
 
     reg = _registry()
-    name = args.name
-    info: dict[str, Any]
-    if name in reg.presets():
-        core, preset = reg.presets()[name]
-        info = {"kind": "preset", "name": name, "core": core.name, "params": dict(core.presets[preset])}
-    elif name in reg.cores:
-        e = reg.cores[name]
-        info = {"kind": "core", "name": name, "provider": str(e.provider), "capabilities": sorted(e.capabilities),
-                "presets": {k: dict(v) for k, v in e.presets.items()}, "card": e.card,
-                "params": e.params.model_json_schema()}
-    elif any(n == name or f"{op}:{n}" == name for (op, n) in reg.backends):
-        info = {"kind": "backend", "name": name, "implementations": [
-            {"op": op, "priority": b.priority, "description": b.description, "provider": str(b.provider),
-             "unavailable": b.unavailable_reason()}
-            for (op, n), b in sorted(reg.backends.items()) if n == name or f"{op}:{n}" == name]}
-    elif name in reg.discretizers:
-        e = reg.discretizers[name]
-        info = {"kind": "discretizer", "name": name, "structures": sorted(e.structures), "description": e.description, "provider": str(e.provider)}
-    elif name in reg.stacking_policies:
-        e = reg.stacking_policies[name]
-        info = {"kind": "stacking policy", "name": name, "description": e.description, "provider": str(e.provider)}
-    else:
+    found = _info_matches(reg, args.name)
+    if not found:
         names = [*reg.cores, *reg.presets(), *reg.discretizers, *reg.stacking_policies, *(n for _, n in reg.backends)]
-        raise UnknownNameError(f"nothing is registered as {name!r};{did_you_mean(name, names)} see `zoo list`.")
+        raise UnknownNameError(f"nothing is registered as {args.name!r};{did_you_mean(args.name, names)} see `zoo list`.")
     if args.json:
-        print(json.dumps(info, indent=2, default=str))
+        print(json.dumps(found[0] if len(found) == 1 else found, indent=2, default=str))
         return 0
-    for key, value in info.items():
-        text = json.dumps(value, indent=2, default=str) if isinstance(value, (dict, list)) else str(value)
-        print(f"{key}: {text}")
+    for info in found:
+        for key, value in info.items():
+            text = json.dumps(value, indent=2, default=str) if isinstance(value, (dict, list)) else str(value)
+            print(f"{key}: {text}")
+        print()
     return 0
 
 

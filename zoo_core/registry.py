@@ -19,6 +19,7 @@ KNOWN_PLUGINS: dict[str, str] = {
     "s4": "zoo-s4",
     "s4d": "zoo-s4d",
     "s5": "zoo-s5",
+    "s5-bidirectional": "zoo-s5",
     "lru": "zoo-lru",
     "linoss": "zoo-linoss",
     "lrcssm": "zoo-lrcssm",
