@@ -114,8 +114,9 @@ def scan_naive(
     if h is None:
         h = torch.zeros_like(b[:, 0])  # (B, *S[, 2])
     hs = []
-    for t in range(b.shape[1]):
-        h = ops.apply(a[:, t], h) + b[:, t]  # (B, *S[, 2])
+    # unbind, not b[:, t]: the backward of L slices would write L zero-filled full-size gradients
+    for a_t, b_t in zip(a.unbind(1), b.unbind(1)):
+        h = ops.apply(a_t, h) + b_t  # (B, *S[, 2])
         hs.append(h)
     return torch.stack(hs, 1), h
 
