@@ -37,7 +37,7 @@ def test_list_filters_and_json(capsys):
     assert table["backends"] == []
     assert main(["list", "--kind", "backends", "--json"]) == 0
     names = {r["name"] for r in json.loads(capsys.readouterr().out)["backends"]}
-    assert names == {"kernel:naive", "kernel:vandermonde", "kernel:cauchy", "kernel:keops", "conv:naive", "conv:fft", "scan:naive", "scan:scan"}
+    assert names == {"kernel:naive", "kernel:vandermonde", "kernel:cauchy", "kernel:keops", "conv:naive", "conv:fft", "scan:naive", "scan:scan", "scan:chunked"}
 
 
 def test_info_on_each_kind(capsys):

@@ -17,6 +17,12 @@ def _structures(*allowed: str):  # type: ignore[no-untyped-def]
     return supports
 
 
+def _lti_diag(p: Problem) -> str | None:
+    if not p.lti or p.structure != "diag":
+        return "it needs a time-invariant diagonal system (the same a at every step)"
+    return None
+
+
 def _lti_only(p: Problem) -> str | None:
     if not p.lti:
         return "a convolution needs a time-invariant (LTI) system; this core is input-dependent"
@@ -63,6 +69,9 @@ def zoo_register_backends(register):  # type: ignore[no-untyped-def]
     register("naive", "scan", "zoo_core.kernels.scan:scan_naive", priority=0,
              supports=_structures("diag", "block2x2"),
              description="reference: sequential loop h_t = a_t ⊗ h_{t−1} + b_t")
+    register("chunked", "scan", "zoo_core.kernels.scan_lti:scan_chunked", priority=5,
+             supports=_lti_diag,
+             description="time-invariant diagonal systems: per-chunk Toeplitz matmuls of powers of a, carries by recursion")
     register("scan", "scan", "zoo_core.kernels.scan:scan_parallel", priority=10,
              supports=_structures("diag", "block2x2"),
              description="parallel: chunked log-depth (Hillis–Steele within chunks, recursive over chunk carries)")
