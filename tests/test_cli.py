@@ -153,3 +153,7 @@ def test_stream_demo_on_a_real_sequence(capsys):
     assert "basicmotions test sequence 3: length 100, 6 channels" in out
     assert "agreement        : OK" in out
     assert main(["stream", str(ROOT / "specs/s4d-tiny.yaml")]) == 2  # 2 channels, the data has 6
+    assert main(["stream", str(ROOT / "specs/s4d-lm.yaml")]) == 2  # tokens, not a time series
+    assert main(["stream", str(ROOT / "specs/s4d-basicmotions.yaml"), "--index", "999"]) == 2
+    err = capsys.readouterr().err
+    assert "vocab_size" in err and "out of range" in err and "Traceback" not in err

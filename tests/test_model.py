@@ -173,3 +173,16 @@ def test_uea_block_preset_and_overrides():
     assert b.act.approximate == "tanh" and b.norm.bn.affine
     ema = build_model(spec({"kind": "classification", "classes": 2}, {"channels": 3}, block={"preset": "uea-ema"}), seed=0)
     assert type(ema.stack.blocks[0].norm).__name__ == "EMABatchNorm" and ema.stack.blocks[0].norm.weight is None
+
+
+def test_rescale_is_all_or_nothing():
+    model = build_model(spec({"kind": "regression", "outputs": 1}, {"channels": 2}, depth=2), seed=0)
+    second = model.stack.blocks[1].core
+
+    def refuse(factor):
+        raise ValueError("this block refuses")
+
+    second.rescale_dt = refuse
+    with pytest.raises(ValueError, match="refuses"):
+        rescale_sampling_rate(model, 2.0)
+    assert [c.dt_scale for c in model.cores()] == [1.0, 1.0] and model.spec["model"]["core"]["dt_scale"] == 1.0

@@ -66,9 +66,14 @@ def test_unknown_core_mentions_the_failed_plugin():
         reg.core("broken-core")
 
 
-def test_duplicate_names_name_both_plugins():
-    a = inline_source("a", _plugin("a", zoo_register_cores=_cores("same")), dist="zoo-a", version="1.0")
-    b = inline_source("b", _plugin("b", zoo_register_cores=_cores("same")), dist="zoo-b", version="2.0")
+def test_duplicate_names_name_both_plugins(monkeypatch):
+    a = inline_source("a", _plugin("a", zoo_register_cores=_cores("same", "only-a")), dist="zoo-a", version="1.0")
+    b = inline_source("b", _plugin("b", zoo_register_cores=_cores("same", "only-b")), dist="zoo-b", version="2.0")
+    reg = load_registry([*_base(), a, b])
+    info = reg.plugins[-1]
+    assert info.status == "failed" and "zoo-a 1.0" in info.error and "zoo-b 2.0" in info.error
+    assert reg.cores["same"].provider.dist == "zoo-a" and "only-b" not in reg.cores  # all or nothing
+    monkeypatch.setenv("ZOO_STRICT_PLUGINS", "1")
     with pytest.raises(DuplicateNameError, match=r"zoo-a 1\.0.*zoo-b 2\.0"):
         load_registry([*_base(), a, b])
 
@@ -88,7 +93,10 @@ def test_wrong_hook_arguments_are_caught():
     assert reg.plugins[-1].status == "failed" and "extra" in reg.plugins[-1].error
 
 
-@pytest.mark.parametrize("api,fragment", [(None, "declares no plugin API"), (2, "API 2"), ((3, 4), "(3, 4)")])
+@pytest.mark.parametrize("api,fragment", [
+    (None, "declares no plugin API"), (2, "API 2"), ((3, 4), "(3, 4)"),
+    ("1", "must be an int"), (1.0, "must be an int"), (True, "must be an int"),
+])
 def test_plugin_api_version_is_checked(api, fragment):
     plugin = _plugin("old", zoo_register_cores=_cores("old-core"))
     plugin.zoo_api = api
@@ -188,3 +196,31 @@ def test_discretizer_and_backend_hooks_register():
     reg = load_registry([*_base(), inline_source("db", _plugin("db", zoo_register_discretizers=zoo_register_discretizers, zoo_register_backends=zoo_register_backends))])
     assert "zoh2" in reg.discretizers
     assert "pykeops_is_not_here" in reg.backend("kernel", "fastkernel").unavailable_reason()
+
+
+def test_broken_model_code_names_its_plugin():
+    from zoo_core.build import build_model
+    from zoo_core.errors import PluginLoadError
+
+    def zoo_register_cores(register):
+        register("lazy", "zoo_lazy_missing.core:Core", params=CoreParams, presets={"tiny": {}})
+
+    reg = load_registry([*_base(), inline_source("lazy", _plugin("lazy", zoo_register_cores=zoo_register_cores), dist="zoo-lazy", version="0.2")])
+    spec = {"schema_version": 1, "task": {"kind": "regression", "outputs": 1}, "input": {"channels": 2},
+            "model": {"d_model": 4, "depth": 1, "core": {"kind": "lazy"}}}
+    with pytest.raises(PluginLoadError, match=r"zoo_lazy_missing.core:Core.*zoo-lazy 0\.2"):
+        build_model(spec, registry=reg)
+
+
+def test_cores_resolve_backends_in_the_registry_of_their_spec():
+    """A backend that exists only in a custom registry is usable by build_model(registry=...)."""
+    from zoo_core.build import build_model
+
+    def zoo_register_backends(register):
+        register("myvander", "kernel", "zoo_core.kernels.kernel:kernel_vandermonde", priority=1)
+
+    reg = load_registry([*entry_point_sources(), inline_source("mine", _plugin("mine", zoo_register_backends=zoo_register_backends))])
+    spec = {"schema_version": 1, "task": {"kind": "regression", "outputs": 1}, "input": {"channels": 2},
+            "model": {"d_model": 4, "depth": 1, "core": {"kind": "s4d", "preset": "tiny", "backend": "myvander"}}}
+    model = build_model(spec, registry=reg)
+    assert model.stack.blocks[0].core.backend_choice.entries["kernel"].name == "myvander"

@@ -121,3 +121,14 @@ def test_failed_save_leaves_the_old_folder_intact(tmp_path, monkeypatch):
 def test_unsaveable_model_without_spec():
     with pytest.raises(ValueError, match="no spec"):
         save_pretrained(torch.nn.Linear(2, 2), "/nonexistent")
+
+
+def test_saving_never_deletes_foreign_files(tmp_path):
+    target = tmp_path / "project"
+    target.mkdir()
+    (target / "notes.txt").write_text("keep me")
+    with pytest.raises(CheckpointError, match="notes.txt"):
+        save_pretrained(build_model(SPEC, seed=0), target)
+    assert (target / "notes.txt").read_text() == "keep me" and sorted(os.listdir(target)) == ["notes.txt"]
+    save_pretrained(build_model(SPEC, seed=0), tmp_path / "m")
+    save_pretrained(build_model(SPEC, seed=1), tmp_path / "m")  # replacing our own folder is fine

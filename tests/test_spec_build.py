@@ -71,6 +71,8 @@ def test_normalisation_is_a_fixed_point():
     ("d_state: 8", "d_state: 8\n    d_model: 8", ["model.core.d_model", "move it to model.d_model"]),
     ("d_state: 8", "d_state: 8\n    discretizer: zho", ["model.core.discretizer"]),
     ("classes: 3", "classes: 3, outputs: 2", ["does not take task.outputs"]),
+    ("{policy: periodic, period: 2}", "{policy: periodic}", ["model.stacking.policy", "needs model.stacking.period"]),
+    ("{policy: periodic, period: 2}", "{policy: independent, period: 2}", ["model.stacking.period", "takes no period"]),
 ])
 def test_bad_specs_name_file_line_key_and_fix(tmp_path, old, new, expect):
     msg = error_of(tmp_path, GOOD.replace(old, new))
@@ -78,9 +80,12 @@ def test_bad_specs_name_file_line_key_and_fix(tmp_path, old, new, expect):
         assert fragment in msg, (fragment, msg)
 
 
-def test_missing_plugin_gives_install_hint(tmp_path):
+def test_missing_plugin_gives_install_hint(tmp_path, monkeypatch):
     msg = error_of(tmp_path, GOOD.replace("kind: s4d", "kind: mamba").replace("    d_state: 8\n", ""))
-    assert "zoo-mamba" in msg and "pip install" in msg and "spec.yaml:9" in msg
+    assert "zoo-mamba" in msg and "planned" in msg and "spec.yaml:9" in msg
+    monkeypatch.setenv("ZOO_LOAD_PLUGINS", "")
+    msg = error_of(tmp_path, GOOD, registry=load_registry())
+    assert "zoo-s4d" in msg and "pip install -e plugins/zoo-s4d" in msg and "spec.yaml:9" in msg
 
 
 def test_backends_that_cannot_serve_give_the_reason(tmp_path):

@@ -11,6 +11,7 @@ from torch import nn
 
 from .blocks import Block, count_params, make_norm
 from .model import SequenceModel
+from .plugins import using_registry
 from .registry import Registry
 from .spec import Spec, load_spec
 from .stack import Stack
@@ -28,6 +29,11 @@ def build_model(
     """Build the model a spec describes (a validated ``Spec``, a YAML path or a dict)."""
     if not isinstance(spec, Spec):
         spec = load_spec(spec, registry=registry)
+    with using_registry(registry):  # cores resolve backends in the registry their spec was checked in
+        return _assemble(spec, device=device, dtype=dtype, seed=seed)
+
+
+def _assemble(spec: Spec, *, device: Any, dtype: Any, seed: int | None) -> SequenceModel:
     if seed is not None:
         torch.manual_seed(seed)
     env, m = spec.envelope, spec.envelope.model

@@ -7,17 +7,24 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
+from .errors import ZooError
 
 BUNDLED_UEA = {"basicmotions": "BasicMotions", "japanesevowels": "JapaneseVowels"}
 
 
-def load_uea_bundled(name: str, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
-    """(X, y) with X shaped (n, length, channels) float32 and y integer class ids."""
+class MissingDependencyError(ZooError, ImportError):
+    """An optional dependency is not installed; the message names the install command."""
+
+    exit_code = 2
+
+
+def load_uea_bundled(name: str, split: str = "test") -> tuple[Any, Any]:
+    """(X, y) numpy arrays: X shaped (n, length, channels) float32, y integer class ids."""
     try:
+        import numpy as np
         from aeon.datasets import load_classification
     except ImportError:
-        raise ModuleNotFoundError(
+        raise MissingDependencyError(
             "loading UEA datasets needs aeon: pip install 'zoo-core[data]' (or pip install aeon)"
         ) from None
     X, y = load_classification(BUNDLED_UEA[name], split=split)

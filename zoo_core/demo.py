@@ -7,16 +7,22 @@ import torch
 from .build import build_model, summary
 from .datasets import BUNDLED_UEA, load_uea_bundled
 from .errors import SpecError
+from .spec import load_spec
 
 
 def stream_demo(spec_path: str, *, dataset: str = "basicmotions", index: int = 0, seed: int = 0) -> int:
     if dataset not in BUNDLED_UEA:
         raise SpecError(f"unknown dataset {dataset!r}; bundled: {', '.join(BUNDLED_UEA)}")
+    spec = load_spec(spec_path)
+    channels = spec.envelope.input.channels
+    if channels is None:
+        raise SpecError(f"{spec_path}: this model reads tokens (input.vocab_size); {dataset} is a real-valued time series")
     X, y = load_uea_bundled(dataset, split="test")
-    model = build_model(spec_path, seed=seed).eval()
-    channels = model.encoder.in_features
     if X.shape[2] != channels:
         raise SpecError(f"{spec_path}: input.channels is {channels} but {dataset} has {X.shape[2]} channels")
+    if not 0 <= index < len(X):
+        raise SpecError(f"--index {index} is out of range: {dataset}'s test split has {len(X)} sequences (0..{len(X) - 1})")
+    model = build_model(spec, seed=seed).eval()
     x = torch.from_numpy(X[index : index + 1])  # (1, L, D)
     print(summary(model))
     print(f"\ninput: {dataset} test sequence {index}: length {x.shape[1]}, {x.shape[2]} channels, label {int(y[index])}")

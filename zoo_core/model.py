@@ -164,8 +164,14 @@ def rescale_sampling_rate(model: SequenceModel, factor: float) -> SequenceModel:
             f"{', '.join(sorted(set(bad)))} is discrete-time (no step size Δ), so its sampling rate "
             "cannot be rescaled; only cores with the 'continuous_time' capability support this"
         )
-    for core in cores:
-        core.rescale_dt(factor)
+    before = [core.dt_scale for core in cores]
+    try:
+        for core in cores:
+            core.rescale_dt(factor)
+    except Exception:
+        for core, scale in zip(cores, before):  # all or nothing: no half-rescaled model
+            core.dt_scale = scale
+        raise
     core_spec = model.spec.get("model", {}).get("core")
     if core_spec is not None:
         core_spec["dt_scale"] = float(cores[0].dt_scale)

@@ -13,10 +13,12 @@ load. ``ZOO_STRICT_PLUGINS=1`` makes failures fatal.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib.metadata as md
 import os
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +120,10 @@ def _api_error(module: Any) -> str | None:
     api = getattr(module, "zoo_api", None)
     if api is None:
         return f"declares no plugin API version (set `zoo_api = {PLUGIN_API}` in the plugin module)"
+    if isinstance(api, bool) or not (
+        isinstance(api, int) or (isinstance(api, (tuple, list, set, frozenset)) and all(type(v) is int for v in api))
+    ):
+        return f"declares zoo_api = {api!r}; it must be an int (e.g. {PLUGIN_API}) or a tuple of ints"
     ok = api == PLUGIN_API if isinstance(api, int) else PLUGIN_API in api
     if not ok:
         return f"written for zoo plugin API {api!r}, but this zoo-core speaks API {PLUGIN_API}; upgrade the plugin or zoo-core"
@@ -171,6 +177,7 @@ def _call_hooks(pm: pluggy.PluginManager, info: PluginInfo, plugin: Any) -> dict
 
 
 def _commit(reg: Registry, info: PluginInfo, staged: dict[str, list[tuple[Any, Any]]]) -> None:
+    """Add one plugin's registrations, all or nothing; a name taken already is a DuplicateNameError."""
     for kind, items in staged.items():
         table = getattr(reg, kind)
         for key, entry in items:
@@ -181,6 +188,9 @@ def _commit(reg: Registry, info: PluginInfo, staged: dict[str, list[tuple[Any, A
                     f"{label} is registered twice: by {other} and by {entry.provider}. "
                     "Uninstall one of them, or restrict loading with ZOO_LOAD_PLUGINS."
                 )
+    for kind, items in staged.items():
+        table = getattr(reg, kind)
+        for key, entry in items:
             table[key] = entry
             info.provides.setdefault(kind, []).append(key if isinstance(key, str) else f"{key[0]}:{key[1]}")
 
@@ -241,8 +251,15 @@ def load_registry(sources: Sequence[PluginSource] | None = None, *, strict: bool
                 info.hooks.clear()
                 pm.unregister(plugin)
             else:
-                _commit(reg, info, staged)
-                info.plugin = plugin
+                try:
+                    _commit(reg, info, staged)
+                    info.plugin = plugin
+                except DuplicateNameError as exc:
+                    if strict:
+                        raise
+                    info.status, info.error = "failed", str(exc)
+                    info.hooks.clear()
+                    pm.unregister(plugin)
         reg.plugins.append(info)
         if info.status == "failed" and (strict or src.dist == CORE_DIST):
             raise PluginLoadError(
@@ -277,14 +294,33 @@ def failure_details(exc: BaseException) -> str:
 
 
 _DEFAULT: Registry | None = None
+_ACTIVE: contextvars.ContextVar[Registry | None] = contextvars.ContextVar("zoo_registry", default=None)
 
 
 def get_registry() -> Registry:
-    """The process-wide registry of installed plugins, loaded on first use."""
+    """The registry in use: the one ``using_registry`` set, else the process-wide one of the
+    installed plugins, loaded on first use."""
     global _DEFAULT
+    active = _ACTIVE.get()
+    if active is not None:
+        return active
     if _DEFAULT is None:
         _DEFAULT = load_registry()
     return _DEFAULT
+
+
+@contextlib.contextmanager
+def using_registry(reg: Registry | None) -> Iterator[None]:
+    """Make ``reg`` what ``get_registry()`` returns inside the block (None: no change), so cores
+    built there resolve their backends and discretizers in the same registry as their spec."""
+    if reg is None:
+        yield
+        return
+    token = _ACTIVE.set(reg)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
 
 
 def set_registry(reg: Registry | None) -> None:

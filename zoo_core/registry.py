@@ -26,6 +26,9 @@ KNOWN_PLUGINS: dict[str, str] = {
     "mamba": "zoo-mamba",
 }
 
+# Distributions in KNOWN_PLUGINS that do not exist yet (registry.yaml: planned).
+PLANNED = frozenset({"zoo-lrcssm", "zoo-mamba"})
+
 OPS = ("kernel", "conv", "scan")
 
 
@@ -41,13 +44,23 @@ class Provider:
         return f"{self.dist} {self.version} (plugin {self.plugin!r})"
 
 
-def _resolve(target: Any) -> Any:
+def _resolve(target: Any, provider: Provider | None = None) -> Any:
+    """Import a plugin's ``"module:attr"`` target; failures name the plugin that registered it."""
     if not isinstance(target, str):
         return target
     module, _, attr = target.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split(".") if attr else []:
-        obj = getattr(obj, part)
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in attr.split(".") if attr else []:
+            obj = getattr(obj, part)
+    except Exception as exc:
+        from .errors import PluginLoadError
+
+        who = f" registered by {provider}" if provider is not None else ""
+        raise PluginLoadError(
+            f"cannot import {target!r}{who}: {type(exc).__name__}: {exc}. The plugin's model code is "
+            "broken or a dependency is missing; reinstall the plugin"
+        ) from exc
     return obj
 
 
@@ -63,7 +76,7 @@ class CoreEntry:
 
     def load(self) -> type:
         """The core class (imports the plugin's model code)."""
-        return _resolve(self.target)
+        return _resolve(self.target, self.provider)
 
     def preset(self, name: str) -> dict[str, Any]:
         if name not in self.presets:
@@ -115,7 +128,7 @@ class BackendEntry:
         return reason
 
     def load(self) -> Callable[..., Any]:
-        return _resolve(self.target)
+        return _resolve(self.target, self.provider)
 
 
 @dataclass(frozen=True)
@@ -127,7 +140,7 @@ class DiscretizerEntry:
     provider: Provider
 
     def load(self) -> Callable[..., Any]:
-        return _resolve(self.target)
+        return _resolve(self.target, self.provider)
 
 
 @dataclass(frozen=True)
@@ -141,7 +154,7 @@ class SimpleEntry:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def load(self) -> Any:
-        return _resolve(self.target)
+        return _resolve(self.target, self.provider)
 
 
 KINDS = ("cores", "backends", "discretizers", "stacking_policies", "datasets", "converters")
@@ -165,8 +178,12 @@ class Registry:
             return self.cores[name]
         msg = f"unknown core {name!r};{did_you_mean(name, self.cores)}"
         family = name.split("-")[0]
-        if family in KNOWN_PLUGINS:
-            msg += f" it is provided by the plugin {KNOWN_PLUGINS[family]!r}, which is not installed: pip install -e plugins/{KNOWN_PLUGINS[family]} (or pip install {KNOWN_PLUGINS[family]})."
+        if name in KNOWN_PLUGINS or family in KNOWN_PLUGINS:
+            dist = KNOWN_PLUGINS.get(name) or KNOWN_PLUGINS[family]
+            if dist in PLANNED:
+                msg += f" it will be provided by the plugin {dist!r}, which is planned but not released yet."
+            else:
+                msg += f" it is provided by the plugin {dist!r}, which is not installed: pip install -e plugins/{dist} (from a checkout) or pip install {dist}."
         failed = [p for p in self.plugins if p.status == "failed"]
         if failed:
             msg += " Plugins that failed to load: " + "; ".join(f"{p.dist} {p.version}: {p.error}" for p in failed) + "."

@@ -23,7 +23,7 @@ class Independent:
 class Periodic:
     """Period m: θ_ℓ = θ_((ℓ−1) mod m)+1, so depth 6 gives ABCABC (m=3), ABABAB (m=2), AAAAAA (m=1)."""
 
-    period: int = 1
+    period: int
 
     def _check(self, depth: int) -> None:
         if self.period < 1:

@@ -185,7 +185,7 @@ _PROTO4_PICKLE = b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x01a\x9
 
 SNIFFS = [
     ("empty", b"", "the file is empty"),
-    ("torch_zip", _torch_zip(), "a PyTorch zip checkpoint, not safetensors — convert it with `zoo convert`"),
+    ("torch_zip", _torch_zip(), "a PyTorch zip checkpoint, not safetensors — it was not loaded"),
     ("legacy_pickle", _LEGACY_PICKLE, "pickle checkpoint"),
     ("pickle_proto4", _PROTO4_PICKLE, "pickle checkpoint"),
     ("html_doctype", b"<!DOCTYPE html>\n<html><body>502 Bad Gateway</body></html>", "an HTML page"),

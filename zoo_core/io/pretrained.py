@@ -54,8 +54,29 @@ def versions(model: nn.Module) -> dict[str, str]:
     return found
 
 
+OURS = {WEIGHTS, CONFIG, "README.md"}
+
+
+def _check_replaceable(directory: str | os.PathLike[str]) -> None:
+    """Replacing a folder swaps the whole folder: refuse one that holds anything we did not write."""
+    path = Path(directory)
+    if not path.is_dir():
+        return
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in OURS)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise CheckpointError(
+            f"{path} already holds files that are not part of a saved model ({shown}); saving replaces "
+            "the whole folder and would delete them. Choose a new or empty folder."
+        )
+
+
 def save_pretrained(model: nn.Module, directory: str | os.PathLike[str]) -> Path:
-    """Write ``directory`` atomically: it ends up entirely old or entirely new."""
+    """Write ``directory`` atomically: it ends up entirely old or entirely new.
+
+    ``directory`` must be new, empty, or a folder this function wrote before.
+    """
+    _check_replaceable(directory)
     spec = getattr(model, "spec", None)
     if not spec:
         raise ValueError("this model carries no spec; build it with zoo_core.build_model to save it")
@@ -94,16 +115,19 @@ def _json_meta(meta: Mapping[str, str], key: str, source: str) -> Any:
         raise CheckpointError(f"{source}: metadata entry {key!r} is not valid JSON ({exc})") from None
 
 
-def read_folder(directory: str | os.PathLike[str]) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """Read and check a saved folder; returns (tensors as stored, decoded metadata)."""
+def read_folder(directory: str | os.PathLike[str], *, allow_nonfinite: bool = False) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Read and check a saved folder; returns (tensors as stored, decoded metadata).
+
+    Non-finite values are refused unless ``allow_nonfinite`` (e.g. to inspect a diverged run).
+    """
     recover_dir(directory)  # a save killed between its two renames left the old folder aside
     path = Path(directory) / WEIGHTS
     if not path.is_file():
         raise CheckpointError(f"{directory}: no {WEIGHTS} here; is this a folder written by save_pretrained?")
-    tensors, meta = read_checked(path)
+    tensors, meta = read_checked(path, allow_nonfinite=allow_nonfinite)
     source = str(path)
     if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{source}: format {meta.get('format')!r} is not {FORMAT!r}; only zoo folders load here (foreign checkpoints: zoo convert)")
+        raise CheckpointError(f"{source}: format {meta.get('format')!r} is not {FORMAT!r}; only folders written by zoo_core's save_pretrained load here")
     info = {k: _json_meta(meta, k, source) for k in ("spec", "versions", "complex", "tied")}
     config_path = Path(directory) / CONFIG
     if config_path.is_file():
@@ -111,7 +135,7 @@ def read_folder(directory: str | os.PathLike[str]) -> tuple[dict[str, Tensor], d
             config = json.loads(config_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise CheckpointError(f"{config_path}: not valid JSON ({exc})") from None
-        if config.get("spec") != info["spec"]:
+        if not isinstance(config, dict) or config.get("spec") != info["spec"]:
             raise CheckpointError(f"{config_path}: its spec differs from the one inside {WEIGHTS}; the folder was edited or half-copied (the weights file's own spec is authoritative: delete config.json to use it)")
     return tensors, info
 
@@ -138,11 +162,12 @@ def load_weights_file(model: nn.Module, directory: str | os.PathLike[str]) -> No
     load_weights(model, tensors, info, source=str(Path(directory) / WEIGHTS))
 
 
-def load_pretrained(directory: str | os.PathLike[str], *, device: Any = None, registry: Any = None) -> Any:
+def load_pretrained(directory: str | os.PathLike[str], *, device: Any = None, registry: Any = None,
+                    allow_nonfinite: bool = False) -> Any:
     """Rebuild the model from the spec stored in the folder and load its weights strictly."""
     from ..build import build_model
 
-    tensors, info = read_folder(directory)
+    tensors, info = read_folder(directory, allow_nonfinite=allow_nonfinite)
     try:
         model = build_model(info["spec"], registry=registry, device=device)
     except ZooError as exc:

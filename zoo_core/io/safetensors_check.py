@@ -132,7 +132,7 @@ def _sniff_foreign(head: bytes) -> str | None:
     safetensors file can match it.
     """
     if head.startswith(b"PK\x03\x04"):
-        return "a PyTorch zip checkpoint, not safetensors — convert it with `zoo convert`"
+        return "a PyTorch zip checkpoint, not safetensors — it was not loaded (unpickling can run arbitrary code); convert it to safetensors with its own project's tools"
     if head.startswith(b"version https://git-lfs"):
         return "a Git LFS pointer, not safetensors — fetch the real file with git lfs pull"
     text = head.lstrip(b" \t\r\n\xef\xbb\xbf").lower()
@@ -158,7 +158,7 @@ def _sniff_implausible(head: bytes) -> str | None:
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
         return (
             "a pickle checkpoint (e.g. an old-style torch.save file), not safetensors; it was not "
-            "loaded, because unpickling can run arbitrary code — convert it with `zoo convert`"
+            "loaded, because unpickling can run arbitrary code — convert it to safetensors with its own project's tools"
         )
     text = head.lstrip(b" \t\r\n\xef\xbb\xbf")
     if text.startswith((b"{", b"[")):
@@ -432,7 +432,7 @@ def _check_finite(tensors: dict[str, torch.Tensor], source: str) -> None:
     _fail(
         source,
         f"{listed}; a checkpoint with NaN/Inf is usually the product of a diverged run. "
-        "Load it anyway with allow_nonfinite=True (CLI: --allow-nonfinite)",
+        "Load it anyway with allow_nonfinite=True (zoo_core.io.pretrained.load_pretrained, zoo inspect --allow-nonfinite)",
     )
 
 

@@ -102,6 +102,10 @@ def _policy(env: ModelSpec, registry: Registry, positions: Positions) -> Any:
     try:
         policy = cls(**kwargs)
     except TypeError:
+        if st.period is None:
+            raise spec_error(positions, ("model", "stacking", "policy"),
+                             f"stacking policy {st.policy!r} needs model.stacking.period (blocks per period: "
+                             "1 for AAAAAA, 2 for ABABAB, ...)") from None
         raise spec_error(positions, ("model", "stacking", "period"),
                          f"stacking policy {st.policy!r} takes no period; remove model.stacking.period "
                          "or use policy: periodic") from None

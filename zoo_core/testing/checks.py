@@ -49,11 +49,14 @@ class CoreCase:
         return int(self.params["d_model"])
 
     def make(self, *, dtype: torch.dtype = F64, seed: int = 0, backend: Any = None) -> Any:
+        from ..plugins import using_registry
+
         torch.manual_seed(seed)
         params = dict(self.params)
         if backend is not None:
             params["backend"] = backend
-        return self.cls(**params, dtype=dtype)
+        with using_registry(self.registry):
+            return self.cls(**params, dtype=dtype)
 
     def needs(self, capability: str) -> None:
         if capability not in self.capabilities:
@@ -216,15 +219,22 @@ def check_dtypes(case: CoreCase) -> None:
 
 
 def check_gradients(case: CoreCase) -> None:
-    """Every parameter gets a finite, non-None gradient."""
-    core = case.make(dtype=torch.float32)
-    x = _x(case, 2, 19, torch.float32)
-    (core(x) * torch.randn(2, 19, case.d_model)).sum().backward()
-    for n, p in core.named_parameters():
-        if p.grad is None:
-            raise ConformanceError(f"gradients: parameter {n!r} received no gradient (detached or unused)")
-        if not bool(torch.isfinite(p.grad).all()):
-            raise ConformanceError(f"gradients: parameter {n!r} has a non-finite gradient")
+    """Every parameter gets a finite, non-None gradient, and an optimiser can update it in place
+    (float32 and float64: no parameter is an expanded view sharing memory)."""
+    for dtype in (torch.float32, F64):
+        core = case.make(dtype=dtype)
+        x = _x(case, 2, 19, dtype)
+        (core(x) * torch.randn(2, 19, case.d_model, dtype=dtype)).sum().backward()
+        for n, p in core.named_parameters():
+            if p.grad is None:
+                raise ConformanceError(f"gradients: parameter {n!r} received no gradient (detached or unused)")
+            if not bool(torch.isfinite(p.grad).all()):
+                raise ConformanceError(f"gradients: parameter {n!r} has a non-finite gradient")
+            try:
+                with torch.no_grad():
+                    p.add_(p.grad, alpha=-1e-3)
+            except RuntimeError as exc:
+                raise ConformanceError(f"gradients: parameter {n!r} ({dtype}) cannot be updated in place: {exc}") from None
 
 
 def check_stability(case: CoreCase) -> None:
@@ -354,7 +364,7 @@ def run_all(case: CoreCase) -> dict[str, str]:
             out[name] = "ok"
         except Skip as exc:
             out[name] = f"skipped: {exc}"
-        except (ConformanceError, Exception) as exc:  # report, do not stop the other checks
+        except Exception as exc:  # report, do not stop the other checks
             out[name] = f"FAILED: {type(exc).__name__}: {exc}"
     return out
 

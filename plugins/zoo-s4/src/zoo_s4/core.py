@@ -70,13 +70,13 @@ class S4(CoreBase):
         self.d_model, self.d_state, self.l_max = d_model, d_state, l_max
         self.dt_scale, self.ssm_lr = float(dt_scale), ssm_lr
         kw = {"device": device, "dtype": real}
-        lam, p, b = (v.expand(H, M) for v in dplr_legs(d_state, dtype=torch.complex128))  # (H, M) each
+        lam, p, b = (v.expand(H, M).clone() for v in dplr_legs(d_state, dtype=torch.complex128))  # (H, M) each
         log_dt = log_uniform_dt(H, dt_min, dt_max, dtype=torch.float64)  # (H,)
         c = torch.randn(H, M, dtype=torch.complex128)  # (H, M) true readout, complex normal
         ct = ctilde_from_c(DPLRSystem(lam, p, b, c, torch.exp(log_dt)), l_max)  # (H, M) C̃ for l_max
         self.log_dt = nn.Parameter(log_dt.to(**kw))  # (H,)
         self.log_A_real = nn.Parameter(torch.log(-lam.real).to(**kw))  # (H, M)  Re Λ = −exp(·)
-        self.A_imag = nn.Parameter(lam.imag.to(**kw))  # (H, M)
+        self.A_imag = nn.Parameter(lam.imag.to(**kw).clone())  # (H, M)
         self.P = nn.Parameter(torch.view_as_real(p.contiguous()).to(**kw))  # (H, M, 2)
         self.B = nn.Parameter(torch.view_as_real(b.contiguous()).to(**kw))  # (H, M, 2)
         self.C = nn.Parameter(torch.view_as_real(ct).to(**kw))  # (H, M, 2)  holds C̃

@@ -65,7 +65,7 @@ class S4D(CoreBase):
         kw = {"device": device, "dtype": real}
         self.log_dt = nn.Parameter(log_uniform_dt(H, dt_min, dt_max, dtype=real).to(device))  # (H,)
         self.log_A_real = nn.Parameter(torch.log(-lam.real).to(**kw))  # (H, P)  Re Λ = −exp(·)
-        self.A_imag = nn.Parameter(lam.imag.to(**kw))  # (H, P)
+        self.A_imag = nn.Parameter(lam.imag.to(**kw).clone())  # (H, P)
         self.B = nn.Parameter(torch.view_as_real(b).to(**kw))  # (H, P, 2)
         self.C = nn.Parameter(torch.view_as_real(torch.randn(H, P, dtype=_complex_of(real))).to(**kw))  # (H, P, 2)
         self.D = nn.Parameter(torch.randn(H, **kw))  # (H,)
