@@ -4,8 +4,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PLUGINS := $(wildcard plugins/zoo-*)
-# The CPU wheel first: a bare `torch` requirement with no torch installed would pull a CUDA build.
-TORCH ?= torch==2.13.0
+# The CPU wheel first, pinned with its +cpu label so a machine without it fails loudly instead of
+# pulling a multi-GB CUDA build (a bare `torch` requirement with no torch installed would).
+TORCH ?= torch==2.13.0+cpu
 
 .PHONY: setup demo test bench clean
 setup: $(VENV)/.installed

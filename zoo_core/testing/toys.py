@@ -60,10 +60,10 @@ class ToyDiag(CoreBase):
             L = x.shape[1]
             K = self.backend_choice.fn("kernel")(DiagSystem(torch.log(a), self.c * self.b), L)  # (H, L)
             y = self.backend_choice.fn("conv")(x, K)
-            powers = a[None] ** torch.arange(1, L + 1, dtype=x.dtype)[:, None, None]  # (L, H, N)
+            powers = a[None] ** torch.arange(1, L + 1, dtype=x.dtype, device=x.device)[:, None, None]  # (L, H, N)
             if h0 is not None:
                 y = y + torch.einsum("lhn,bhn,hn->blh", powers, h0, self.c)
-            rev = a[None] ** torch.arange(L - 1, -1, -1, dtype=x.dtype)[:, None, None]  # (L, H, N)
+            rev = a[None] ** torch.arange(L - 1, -1, -1, dtype=x.dtype, device=x.device)[:, None, None]  # (L, H, N)
             h_last = torch.einsum("lhn,blhn->bhn", rev, bu) + (0 if h0 is None else powers[-1] * h0)
         return y + self.d * x, {"h": h_last}
 
@@ -72,7 +72,7 @@ class ToyDiag(CoreBase):
         return (h * self.c).sum(-1) + self.d * x_t, {"h": h}
 
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
-        return {"h": torch.zeros(batch_size, self.d_model, self.d_state, device=device, dtype=dtype or self.d.dtype)}
+        return {"h": torch.zeros(batch_size, self.d_model, self.d_state, device=device or self.d.device, dtype=dtype or self.d.dtype)}
 
     def optim_hints(self) -> Mapping[str, OptimHint]:
         return {"a_logit": OptimHint(lr=1e-3, weight_decay=0.0)}

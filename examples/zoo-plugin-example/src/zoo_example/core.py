@@ -39,4 +39,4 @@ class EMA(CoreBase):
         return h + self.d * x_t, {"h": h}
 
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
-        return {"h": torch.zeros(batch_size, self.d_model, device=device, dtype=dtype or self.d.dtype)}
+        return {"h": torch.zeros(batch_size, self.d_model, device=device or self.d.device, dtype=dtype or self.d.dtype)}
