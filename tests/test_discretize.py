@@ -14,16 +14,10 @@ from torch import Tensor
 from zoo_core.discretize import bilinear, euler, zoh
 from zoo_core.kernels.kernel import kernel_naive, kernel_vandermonde
 from zoo_core.kernels.systems import DenseSystem, DiagSystem
+from zoo_core.testing import assert_rel_close as assert_close
 
 F64, C128 = torch.float64, torch.complex128
 METHODS = {"zoh": zoh, "bilinear": bilinear, "euler": euler}
-
-
-def assert_close(name: str, ref: Tensor, out: Tensor, ratio: float) -> None:
-    """Relative error in the 2-norm: ||out − ref|| / ||ref||."""
-    assert out.shape == ref.shape and out.dtype == ref.dtype, f"{name}: {out.shape} vs {ref.shape}"
-    err = ((out - ref).abs().norm() / ref.abs().norm().clamp_min(1e-30)).item()
-    assert err <= ratio, f"{name}: relative error {err:.2e} > {ratio:.0e}"
 
 
 def _scalar(method, lam: float, dt: float):  # type: ignore[no-untyped-def]

@@ -7,6 +7,8 @@ what enforces these; ``runtime_checkable`` only checks that the methods exist.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
@@ -78,6 +80,11 @@ class StackingPolicy(Protocol):
     def schedule(self, depth: int) -> Sequence[int]: ...
 
 
+def complex_dtype(real: torch.dtype) -> torch.dtype:
+    """The complex dtype of a real one: float64 -> complex128, otherwise complex64."""
+    return torch.complex128 if real == torch.float64 else torch.complex64
+
+
 def require_float(x: Tensor, who: str) -> None:
     """Refuse half-precision input to a core that computes in float32/float64 (instead of NaN)."""
     if x.dtype not in (torch.float32, torch.float64):
@@ -105,3 +112,14 @@ class CoreBase(nn.Module):
 
     def optim_hints(self) -> Mapping[str, OptimHint]:
         return {}
+
+    def rescale_dt(self, factor: float) -> None:
+        """Multiply every step size Δ by ``factor`` (2.0: the input is sampled at half the rate).
+
+        For continuous-time cores, which keep a ``dt_scale`` attribute that multiplies their Δ.
+        """
+        if "continuous_time" not in self.capabilities:
+            raise ValueError(f"{type(self).__name__} is discrete-time: it has no step size Δ to rescale")
+        if not (factor > 0 and math.isfinite(factor)):
+            raise ValueError(f"dt rescaling factor must be a positive finite number, got {factor}")
+        self.dt_scale: float = self.dt_scale * factor

@@ -10,15 +10,9 @@ import torch
 from torch import Tensor
 
 from zoo_core.kernels.conv import conv_fft, conv_naive
+from zoo_core.testing import assert_rel_close as assert_close
 
 F32, F64 = torch.float32, torch.float64
-
-
-def assert_close(name: str, ref: Tensor, out: Tensor, ratio: float) -> None:
-    """Relative error in the 2-norm: ||out − ref|| / ||ref||."""
-    assert out.shape == ref.shape and out.dtype == ref.dtype, f"{name}: {out.shape} vs {ref.shape}"
-    err = ((out - ref).abs().norm() / ref.abs().norm().clamp_min(1e-30)).item()
-    assert err <= ratio, f"{name}: relative error {err:.2e} > {ratio:.0e}"
 
 
 def _seq(*xs: float) -> tuple[Tensor, int]:

@@ -14,15 +14,9 @@ from torch.overrides import TorchFunctionMode
 
 from zoo_core.kernels.kernel import block_size, kernel_naive, kernel_vandermonde
 from zoo_core.kernels.systems import DenseSystem, DiagSystem
+from zoo_core.testing import assert_rel_close as assert_close
 
 F32, F64 = torch.float32, torch.float64
-
-
-def assert_close(name: str, ref: Tensor, out: Tensor, ratio: float) -> None:
-    """Relative error in the 2-norm: ||out − ref|| / ||ref||."""
-    assert out.shape == ref.shape and out.dtype == ref.dtype, f"{name}: {out.shape} vs {ref.shape}"
-    err = ((out - ref).abs().norm() / ref.abs().norm().clamp_min(1e-30)).item()
-    assert err <= ratio, f"{name}: relative error {err:.2e} > {ratio:.0e}"
 
 
 def make_system(H: int, N: int, cplx: bool, dtype: torch.dtype = F64) -> DiagSystem:

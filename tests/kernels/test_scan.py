@@ -13,17 +13,11 @@ from torch import Tensor
 
 from zoo_core.kernels import scan
 from zoo_core.kernels.scan import scan_naive, scan_parallel
+from zoo_core.testing import assert_rel_close as assert_close
 
 F32, F64 = torch.float32, torch.float64
 CASES = ("diag_real", "diag_complex", "block2x2", "block2x2_defective")
 TOL = {F64: 1e-10, F32: 1e-5}
-
-
-def assert_close(name: str, ref: Tensor, out: Tensor, ratio: float) -> None:
-    """Relative error in the 2-norm: ||out − ref|| / ||ref||."""
-    assert out.shape == ref.shape and out.dtype == ref.dtype, f"{name}: {out.shape} vs {ref.shape}"
-    err = ((out - ref).abs().norm() / ref.abs().norm().clamp_min(1e-30)).item()
-    assert err <= ratio, f"{name}: relative error {err:.2e} > {ratio:.0e}"
 
 
 def _decays(shape: tuple[int, ...], lo: float, hi: float, dtype: torch.dtype, cplx: bool) -> Tensor:

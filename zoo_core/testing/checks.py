@@ -85,6 +85,13 @@ def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, *, rtol: float
         raise ConformanceError(f"{name}: max |diff| {err.max().item():.3e}, relative RMS {rms:.3e} (rtol {rtol}, atol {atol})")
 
 
+def assert_rel_close(name: str, ref: torch.Tensor, out: torch.Tensor, ratio: float) -> None:
+    """fla's metric: relative error in the 2-norm, ||out − ref|| / ||ref|| ≤ ratio; same shape and dtype."""
+    assert out.shape == ref.shape and out.dtype == ref.dtype, f"{name}: {out.shape} {out.dtype} vs {ref.shape} {ref.dtype}"
+    err = ((out - ref).abs().norm() / ref.abs().norm().clamp_min(1e-30)).item()
+    assert err <= ratio, f"{name}: relative error {err:.2e} > {ratio:.0e}"
+
+
 def _x(case: CoreCase, B: int, L: int, dtype: torch.dtype = F64, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(B, L, case.d_model, generator=g, dtype=dtype)

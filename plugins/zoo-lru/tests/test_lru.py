@@ -181,7 +181,8 @@ def test_lru_refuses_sampling_rate_rescaling():
             "model": {"d_model": 8, "depth": 2, "core": {"kind": "lru", "preset": "tiny"}}}
     model = build_model(spec, seed=0)
     assert "continuous_time" not in type(model.cores()[0]).capabilities
-    assert not hasattr(model.cores()[0], "rescale_dt")
+    with pytest.raises(ValueError, match="discrete-time"):
+        model.cores()[0].rescale_dt(2.0)
     with pytest.raises(ValueError, match="discrete-time"):
         rescale_sampling_rate(model, 2.0)
 

@@ -27,16 +27,13 @@ from torch import Tensor, nn
 from zoo_core.backends import resolve
 from zoo_core.discretize import Discrete
 from zoo_core.plugins import get_registry
-from zoo_core.protocols import CoreBase, OptimHint, State, require_float
+from zoo_core.protocols import CoreBase, OptimHint, State, complex_dtype, require_float
 from zoo_core.registry import Problem
 
 from .discretize import UnstableDiscretizationError, check_dt2A
 from .params import DT_MAX_DEFAULT, init_problems
 from .plugin import CAPABILITIES
 
-
-def _complex_of(real: torch.dtype) -> torch.dtype:
-    return torch.complex128 if real == torch.float64 else torch.complex64
 
 
 def _logit(p: float) -> float:
@@ -147,7 +144,7 @@ class LinOSS(CoreBase):
         """Zero (z, y) for every oscillator, (B, P, 2) complex; checks the IMEX rule once per stream."""
         self._guard()
         dtype = dtype or self.D.dtype
-        dtype = dtype if dtype.is_complex else _complex_of(dtype)
+        dtype = dtype if dtype.is_complex else complex_dtype(dtype)
         return {"h": torch.zeros(batch_size, self.d_state, 2, dtype=dtype, device=device or self.D.device)}
 
     # capabilities ----------------------------------------------------------------------

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from zoo_core.backends import resolve
 from zoo_core.plugins import get_registry
-from zoo_core.protocols import CoreBase, OptimHint, State, require_float
+from zoo_core.protocols import CoreBase, OptimHint, State, complex_dtype, require_float
 from zoo_core.registry import Problem
 
 from .plugin import CAPABILITIES
@@ -32,9 +32,6 @@ F64 = torch.float64
 _U_MIN = 1e-12  # u₁ = 0 would give |λ| = 0, ν = +∞ (and u₂ = 0 gives θ_log = −∞)
 _SSM_PARAMS = ("nu_log", "theta_log", "gamma_log", "B")  # minimal-LRU's "ssm" optimiser group
 
-
-def _complex_of(real: torch.dtype) -> torch.dtype:
-    return torch.complex128 if real == F64 else torch.complex64
 
 
 def ring_init(N: int, r_min: float, r_max: float, max_phase: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -124,7 +121,7 @@ class LRU(CoreBase):
 
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
         real = dtype or self.D.dtype
-        return {"h": torch.zeros(batch_size, self.d_state, dtype=_complex_of(real), device=device or self.D.device)}
+        return {"h": torch.zeros(batch_size, self.d_state, dtype=complex_dtype(real), device=device or self.D.device)}
 
     # capabilities ----------------------------------------------------------------------
     def optim_hints(self) -> Mapping[str, OptimHint]:

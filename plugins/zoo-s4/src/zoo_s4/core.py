@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -29,16 +28,13 @@ from zoo_core.init.hippo import dplr_legs
 from zoo_core.kernels.dplr import DPLRStep, StepMatrices, c_from_ctilde, ctilde_from_c
 from zoo_core.kernels.systems import DPLRSystem
 from zoo_core.plugins import get_registry
-from zoo_core.protocols import CoreBase, OptimHint, State, require_float
+from zoo_core.protocols import CoreBase, OptimHint, State, complex_dtype, require_float
 from zoo_core.registry import Problem
 
 from .plugin import CAPABILITIES
 
 log = logging.getLogger(__name__)
 
-
-def _complex_of(real: torch.dtype) -> torch.dtype:
-    return torch.complex128 if real == torch.float64 else torch.complex64
 
 
 class S4(CoreBase):
@@ -148,15 +144,9 @@ class S4(CoreBase):
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
         real = dtype or self.D.dtype
         return {"h": torch.zeros(batch_size, self.d_model, self.d_state // 2,
-                                 dtype=_complex_of(real), device=device or self.D.device)}
+                                 dtype=complex_dtype(real), device=device or self.D.device)}
 
     # capabilities ----------------------------------------------------------------------
-    def rescale_dt(self, factor: float) -> None:
-        """Multiply every Δ by ``factor`` (2.0: the input is sampled at half the rate)."""
-        if not (factor > 0 and math.isfinite(factor)):
-            raise ValueError(f"dt rescaling factor must be a positive finite number, got {factor}")
-        self.dt_scale *= factor
-
     def optim_hints(self) -> Mapping[str, OptimHint]:
         if self.ssm_lr is None:
             return {}

@@ -12,7 +12,6 @@ and safetensors see real tensors only.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -23,16 +22,13 @@ from zoo_core.backends import resolve
 from zoo_core.init.diag import log_uniform_dt, s4d_init
 from zoo_core.kernels.systems import DiagSystem
 from zoo_core.plugins import get_registry
-from zoo_core.protocols import CoreBase, OptimHint, State, require_float
+from zoo_core.protocols import CoreBase, OptimHint, State, complex_dtype, require_float
 from zoo_core.registry import Problem
 
 from .plugin import CAPABILITIES
 
 _STATE_CHUNK = 1024  # time steps per block when folding a sequence into the final state
 
-
-def _complex_of(real: torch.dtype) -> torch.dtype:
-    return torch.complex128 if real == torch.float64 else torch.complex64
 
 
 class S4D(CoreBase):
@@ -61,13 +57,13 @@ class S4D(CoreBase):
         real = dtype or torch.get_default_dtype()
         H, P = d_model, d_state // 2
         self.d_model, self.d_state, self.dt_scale, self.ssm_lr = d_model, d_state, float(dt_scale), ssm_lr
-        lam, b = s4d_init(init, H, d_state, dtype=_complex_of(real))  # (H, P) complex each
+        lam, b = s4d_init(init, H, d_state, dtype=complex_dtype(real))  # (H, P) complex each
         kw = {"device": device, "dtype": real}
         self.log_dt = nn.Parameter(log_uniform_dt(H, dt_min, dt_max, dtype=real).to(device))  # (H,)
         self.log_A_real = nn.Parameter(torch.log(-lam.real).to(**kw))  # (H, P)  Re Λ = −exp(·)
         self.A_imag = nn.Parameter(lam.imag.to(**kw).clone())  # (H, P)
         self.B = nn.Parameter(torch.view_as_real(b).to(**kw))  # (H, P, 2)
-        self.C = nn.Parameter(torch.view_as_real(torch.randn(H, P, dtype=_complex_of(real))).to(**kw))  # (H, P, 2)
+        self.C = nn.Parameter(torch.view_as_real(torch.randn(H, P, dtype=complex_dtype(real))).to(**kw))  # (H, P, 2)
         self.D = nn.Parameter(torch.randn(H, **kw))  # (H,)
         registry = get_registry()
         disc = registry.discretizer(discretizer)
@@ -150,15 +146,9 @@ class S4D(CoreBase):
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
         real = dtype or self.D.dtype
         return {"h": torch.zeros(batch_size, self.d_model, self.d_state // 2,
-                                 dtype=_complex_of(real), device=device or self.D.device)}
+                                 dtype=complex_dtype(real), device=device or self.D.device)}
 
     # capabilities ----------------------------------------------------------------------
-    def rescale_dt(self, factor: float) -> None:
-        """Multiply every Δ by ``factor`` (2.0: the input is sampled at half the rate)."""
-        if not (factor > 0 and math.isfinite(factor)):
-            raise ValueError(f"dt rescaling factor must be a positive finite number, got {factor}")
-        self.dt_scale *= factor
-
     def optim_hints(self) -> Mapping[str, OptimHint]:
         if self.ssm_lr is None:
             return {}

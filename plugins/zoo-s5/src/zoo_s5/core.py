@@ -17,7 +17,6 @@ costs H²·P·L (vs the scan's 2·H·P·L per sequence) and the FFT product B·H
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -28,7 +27,7 @@ from zoo_core.backends import resolve
 from zoo_core.errors import ZooError
 from zoo_core.init.diag import log_uniform_dt
 from zoo_core.plugins import get_registry
-from zoo_core.protocols import CoreBase, OptimHint, State, require_float
+from zoo_core.protocols import CoreBase, OptimHint, State, complex_dtype, require_float
 from zoo_core.registry import Problem
 
 from .init import block_hippo_n, init_B_tilde, init_C_tilde
@@ -43,9 +42,6 @@ class NotCausalError(ZooError, NotImplementedError):
 
     exit_code = 2
 
-
-def _complex_of(real: torch.dtype) -> torch.dtype:
-    return torch.complex128 if real == torch.float64 else torch.complex64
 
 
 def _project(x: Tensor, w: Tensor) -> Tensor:
@@ -165,16 +161,10 @@ class S5(CoreBase):
 
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
         real = dtype or self.D.dtype
-        return {"h": torch.zeros(batch_size, self.d_state // 2, dtype=_complex_of(real),
+        return {"h": torch.zeros(batch_size, self.d_state // 2, dtype=complex_dtype(real),
                                  device=device or self.D.device)}
 
     # capabilities ----------------------------------------------------------------------
-    def rescale_dt(self, factor: float) -> None:
-        """Multiply every Δ by ``factor`` (2.0: the input is sampled at half the rate)."""
-        if not (factor > 0 and math.isfinite(factor)):
-            raise ValueError(f"dt rescaling factor must be a positive finite number, got {factor}")
-        self.dt_scale *= factor
-
     def optim_hints(self) -> Mapping[str, OptimHint]:
         """The S5 repo's "standard" groups: Λ, B̃ and Δ at ssm_lr without weight decay; C̃, D global."""
         if self.ssm_lr is None:
