@@ -99,6 +99,8 @@ class CoreBase(nn.Module):
     """Optional base class: ``forward`` and ``step`` from ``forward_with_state``, empty hints."""
 
     capabilities: ClassVar[frozenset[str]] = frozenset()
+    # Parameters that get the learning rate ``self.ssm_lr`` and no weight decay (S4's convention).
+    ssm_params: ClassVar[tuple[str, ...]] = ()
 
     def forward(self, x: Tensor, state: State | None = None) -> Tensor:
         return self.forward_with_state(x, state)[0]
@@ -111,7 +113,11 @@ class CoreBase(nn.Module):
         return y[:, 0], new_state
 
     def optim_hints(self) -> Mapping[str, OptimHint]:
-        return {}
+        lr = getattr(self, "ssm_lr", None)
+        if lr is None:
+            return {}
+        hint = OptimHint(lr=lr, weight_decay=0.0)
+        return {name: hint for name in self.ssm_params}
 
     def rescale_dt(self, factor: float) -> None:
         """Multiply every step size Δ by ``factor`` (2.0: the input is sampled at half the rate).

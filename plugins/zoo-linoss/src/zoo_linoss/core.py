@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from zoo_core.backends import resolve
 from zoo_core.discretize import Discrete
 from zoo_core.plugins import get_registry
-from zoo_core.protocols import CoreBase, OptimHint, State, complex_dtype, require_float
+from zoo_core.protocols import CoreBase, State, complex_dtype, require_float
 from zoo_core.registry import Problem
 
 from .discretize import UnstableDiscretizationError, check_dt2A
@@ -42,6 +42,7 @@ def _logit(p: float) -> float:
 
 class LinOSS(CoreBase):
     capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES)
+    ssm_params: ClassVar[tuple[str, ...]] = ("A_diag", "steps")
     paths: ClassVar[dict[str, tuple[str, ...]]] = {"recurrent": ("scan",)}
     prefer: ClassVar[tuple[str, ...]] = ("recurrent",)
     reference: ClassVar[dict[str, str]] = {"scan": "naive"}
@@ -161,12 +162,6 @@ class LinOSS(CoreBase):
             except UnstableDiscretizationError as exc:
                 raise UnstableDiscretizationError(f"{exc} (dt_scale left at {self.dt_scale:g})") from None
         self.dt_scale *= factor
-
-    def optim_hints(self) -> Mapping[str, OptimHint]:
-        if self.ssm_lr is None:
-            return {}
-        hint = OptimHint(lr=self.ssm_lr, weight_decay=0.0)
-        return {name: hint for name in ("A_diag", "steps")}
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, d_state={self.d_state}, discretizer={self.discretizer}, "

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from zoo_core.backends import resolve
 from zoo_core.plugins import get_registry
-from zoo_core.protocols import CoreBase, OptimHint, State, complex_dtype, require_float
+from zoo_core.protocols import CoreBase, State, complex_dtype, require_float
 from zoo_core.registry import Problem
 
 from .plugin import CAPABILITIES
@@ -50,6 +50,7 @@ def ring_init(N: int, r_min: float, r_max: float, max_phase: float) -> tuple[Ten
 
 class LRU(CoreBase):
     capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES)
+    ssm_params: ClassVar[tuple[str, ...]] = _SSM_PARAMS  # minimal-LRU's "ssm" optimiser group
     paths: ClassVar[dict[str, tuple[str, ...]]] = {"recurrent": ("scan",)}
     prefer: ClassVar[tuple[str, ...]] = ("recurrent",)
     reference: ClassVar[dict[str, str]] = {"scan": "naive"}
@@ -124,13 +125,6 @@ class LRU(CoreBase):
         return {"h": torch.zeros(batch_size, self.d_state, dtype=complex_dtype(real), device=device or self.D.device)}
 
     # capabilities ----------------------------------------------------------------------
-    def optim_hints(self) -> Mapping[str, OptimHint]:
-        """minimal-LRU: ν, θ, γ and B train with Adam at ``ssm_lr`` and no weight decay."""
-        if self.ssm_lr is None:
-            return {}
-        hint = OptimHint(lr=self.ssm_lr, weight_decay=0.0)
-        return {name: hint for name in _SSM_PARAMS}
-
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, d_state={self.d_state}, r_min={self.r_min}, r_max={self.r_max}, "
                 f"max_phase={self.max_phase}, backend={self.backend_choice.label()}")

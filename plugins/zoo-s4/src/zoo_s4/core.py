@@ -28,7 +28,7 @@ from zoo_core.init.hippo import dplr_legs
 from zoo_core.kernels.dplr import DPLRStep, StepMatrices, c_from_ctilde, ctilde_from_c
 from zoo_core.kernels.systems import DPLRSystem
 from zoo_core.plugins import get_registry
-from zoo_core.protocols import CoreBase, OptimHint, State, complex_dtype, require_float
+from zoo_core.protocols import CoreBase, State, complex_dtype, require_float
 from zoo_core.registry import Problem
 
 from .plugin import CAPABILITIES
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 class S4(CoreBase):
     capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES)
+    ssm_params: ClassVar[tuple[str, ...]] = ("log_dt", "log_A_real", "A_imag", "P", "B")
     paths: ClassVar[dict[str, tuple[str, ...]]] = {"conv": ("kernel", "conv")}
     prefer: ClassVar[tuple[str, ...]] = ("conv",)
     reference: ClassVar[dict[str, str]] = {"kernel": "naive", "conv": "naive"}
@@ -147,11 +148,5 @@ class S4(CoreBase):
                                  dtype=complex_dtype(real), device=device or self.D.device)}
 
     # capabilities ----------------------------------------------------------------------
-    def optim_hints(self) -> Mapping[str, OptimHint]:
-        if self.ssm_lr is None:
-            return {}
-        hint = OptimHint(lr=self.ssm_lr, weight_decay=0.0)
-        return {name: hint for name in ("log_dt", "log_A_real", "A_imag", "P", "B")}
-
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, d_state={self.d_state}, l_max={self.l_max}, backend={self.backend_choice.label()}"

@@ -22,7 +22,7 @@ from zoo_core.backends import resolve
 from zoo_core.init.diag import log_uniform_dt, s4d_init
 from zoo_core.kernels.systems import DiagSystem
 from zoo_core.plugins import get_registry
-from zoo_core.protocols import CoreBase, OptimHint, State, complex_dtype, require_float
+from zoo_core.protocols import CoreBase, State, complex_dtype, require_float
 from zoo_core.registry import Problem
 
 from .plugin import CAPABILITIES
@@ -33,6 +33,7 @@ _STATE_CHUNK = 1024  # time steps per block when folding a sequence into the fin
 
 class S4D(CoreBase):
     capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES)
+    ssm_params: ClassVar[tuple[str, ...]] = ("log_dt", "log_A_real", "A_imag", "B")
     paths: ClassVar[dict[str, tuple[str, ...]]] = {"conv": ("kernel", "conv"), "recurrent": ("scan",)}
     prefer: ClassVar[tuple[str, ...]] = ("conv", "recurrent")
     reference: ClassVar[dict[str, str]] = {"scan": "naive"}
@@ -149,11 +150,5 @@ class S4D(CoreBase):
                                  dtype=complex_dtype(real), device=device or self.D.device)}
 
     # capabilities ----------------------------------------------------------------------
-    def optim_hints(self) -> Mapping[str, OptimHint]:
-        if self.ssm_lr is None:
-            return {}
-        hint = OptimHint(lr=self.ssm_lr, weight_decay=0.0)
-        return {name: hint for name in ("log_dt", "log_A_real", "A_imag", "B")}
-
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, d_state={self.d_state}, discretizer={self.discretizer}, backend={self.backend_choice.label()}"

@@ -27,7 +27,7 @@ from zoo_core.backends import resolve
 from zoo_core.errors import ZooError
 from zoo_core.init.diag import log_uniform_dt
 from zoo_core.plugins import get_registry
-from zoo_core.protocols import CoreBase, OptimHint, State, complex_dtype, require_float
+from zoo_core.protocols import CoreBase, State, complex_dtype, require_float
 from zoo_core.registry import Problem
 
 from .init import block_hippo_n, init_B_tilde, init_C_tilde
@@ -59,6 +59,7 @@ class S5(CoreBase):
     """Causal S5: streams with ``step`` and carries ``{"h": (B, P) complex}`` between chunks."""
 
     capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES)
+    ssm_params: ClassVar[tuple[str, ...]] = ("Lambda_re", "Lambda_im", "B", "log_step")
     paths: ClassVar[dict[str, tuple[str, ...]]] = {"recurrent": ("scan",)}
     prefer: ClassVar[tuple[str, ...]] = ("recurrent",)
     reference: ClassVar[dict[str, str]] = {"scan": "naive"}
@@ -165,13 +166,6 @@ class S5(CoreBase):
                                  device=device or self.D.device)}
 
     # capabilities ----------------------------------------------------------------------
-    def optim_hints(self) -> Mapping[str, OptimHint]:
-        """The S5 repo's "standard" groups: Λ, B̃ and Δ at ssm_lr without weight decay; C̃, D global."""
-        if self.ssm_lr is None:
-            return {}
-        hint = OptimHint(lr=self.ssm_lr, weight_decay=0.0)
-        return {name: hint for name in ("Lambda_re", "Lambda_im", "B", "log_step")}
-
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, d_state={self.d_state}, blocks={self.blocks}, c_init={self.c_init}, "
                 f"discretizer={self.discretizer}, backend={self.backend_choice.label()}")
