@@ -17,11 +17,7 @@ Letters: B batch, L length, H channels (d_model), N state size, P = N/2 conjugat
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -33,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import Call, Writer, _rss_kib, machine, rel, summary, time_block  # noqa: E402
 from straightforward_s4d import StraightforwardS4D, copy_from_zoo  # noqa: E402
 
 from zoo_core.discretize import zoh  # noqa: E402
@@ -50,57 +47,6 @@ LAYER_BACKENDS = {
 SCAN_IMPLS = ("zoo_scan_parallel", "zoo_scan_naive")
 NAIVE_SCAN_MAX_L = 1024  # zoo_scan_naive is a python loop over L: forward only, L ≤ this
 KERNEL_IMPLS = ("straightforward_kernel", "kernel_vandermonde", "kernel_naive")
-Call = Callable[[], None]
-
-
-# ---------------------------------------------------------------------------------------
-# machine state
-# ---------------------------------------------------------------------------------------
-def _busy_seconds() -> float:
-    """CPU seconds spent by all processes since boot (/proc/stat, USER_HZ = 100)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_seconds() -> float:
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
-class Foreign:
-    """Average number of cores used by other processes between start() and stop()."""
-
-    def start(self) -> None:
-        self.t, self.busy, self.own = time.perf_counter(), _busy_seconds(), _own_seconds()
-
-    def stop(self) -> float:
-        wall = time.perf_counter() - self.t
-        other = (_busy_seconds() - self.busy) - (_own_seconds() - self.own)
-        return max(0.0, other / max(wall, 1e-9))
-
-
-def wait_quiet(limit_s: float = 30.0, below: float = 0.25) -> float:
-    """Wait until other processes use < `below` cores (1 s samples), at most limit_s seconds."""
-    meter, t0 = Foreign(), time.perf_counter()
-    while True:
-        meter.start()
-        time.sleep(1.0)
-        load = meter.stop()
-        if load < below or time.perf_counter() - t0 > limit_s:
-            return load
-
-
-def machine() -> dict:
-    with open("/proc/cpuinfo") as f:
-        info = f.read()
-    models = [ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")]
-    flags = next((ln for ln in info.splitlines() if ln.startswith("flags")), "")
-    simd = [s for s in ("avx2", "fma", "avx512f") if f" {s}" in flags]
-    mem = next(ln for ln in open("/proc/meminfo") if ln.startswith("MemTotal")).split()[1]
-    return {"cpu": models[0] if models else platform.processor(), "logical_cpus": len(models),
-            "simd": simd, "mem_gib": round(int(mem) / 2**20, 1), "python": platform.python_version(),
-            "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 # ---------------------------------------------------------------------------------------
@@ -166,10 +112,6 @@ def kernel_call(fn: Callable[[int], Tensor], layer: nn.Module, L: int, mode: str
 # ---------------------------------------------------------------------------------------
 # correctness at start-up
 # ---------------------------------------------------------------------------------------
-def rel(a: Tensor, b: Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
-
-
 def check_agreement(tol: float = 1e-4) -> dict:
     """Every zoo backend and kernel against the straightforward layer, float32, small sizes."""
     errors = {}
@@ -192,46 +134,6 @@ def check_agreement(tol: float = 1e-4) -> dict:
 # ---------------------------------------------------------------------------------------
 # timing
 # ---------------------------------------------------------------------------------------
-def time_block(calls: dict[str, Call], repeats: int, quiet_wait: float) -> tuple[dict[str, list[float]], float]:
-    """Warm up each call once, then `repeats` interleaved rounds with rotating order."""
-    wait_quiet(quiet_wait)
-    for call in calls.values():
-        call()
-    meter = Foreign()
-    meter.start()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    names = list(calls)
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
-            calls[name]()
-            times[name].append(time.perf_counter() - t0)
-    return times, meter.stop()
-
-
-def summary(ts: list[float]) -> dict:
-    q = statistics.quantiles(ts, n=4, method="inclusive") if len(ts) > 1 else [ts[0]] * 3
-    return {"median_s": statistics.median(ts), "q25_s": q[0], "q75_s": q[2], "n": len(ts),
-            "times_s": [round(t, 6) for t in ts]}
-
-
-class Writer:
-    def __init__(self, path: Path, base: dict) -> None:
-        self.path, self.base = path, base
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(self, row: dict) -> None:
-        row = {**self.base, **row, "when": dt.datetime.now().isoformat(timespec="seconds"),
-               "loadavg1": os.getloadavg()[0]}
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        if row.get("median_s") is not None:
-            print(f"  {row['workload']:<34} {row['impl']:<24} {row['median_s']:9.4f} s "
-                  f"[{row['q25_s']:.4f}, {row['q75_s']:.4f}] foreign={row['foreign']:.2f}", flush=True)
-        elif row.get("status") == "skipped":
-            print(f"  {row['workload']:<34} {row['impl']:<24} skipped: {row['reason']}", flush=True)
-
-
 def write_block(out: Writer, workload: str, extra: dict, calls: dict[str, Call],
                 args: argparse.Namespace) -> None:
     times, foreign = time_block(calls, args.repeats, args.quiet_wait)
@@ -307,11 +209,6 @@ def memory_rows(args: argparse.Namespace, out: Writer, L: int, mode: str) -> Non
                    "mode": mode, "status": "ok", "median_s": None, **row,
                    "vandermonde_bytes": args.H * (args.N // 2) * L * 8})
         print(f"  memory kernel L={L} {mode:<7} {name:<24} peak +{row['peak_mib']:.1f} MiB", flush=True)
-
-
-def _rss_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return int(next(ln for ln in f if ln.startswith(field)).split()[1])
 
 
 def memory_child(name: str, L: int, mode: str, H: int, N: int) -> None:

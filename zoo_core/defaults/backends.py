@@ -59,7 +59,7 @@ def zoo_register_backends(register):  # type: ignore[no-untyped-def]
     register("cauchy", "kernel", "zoo_core.kernels.dplr:kernel_cauchy", priority=10,
              supports=_kernel("dplr"),
              description="DPLR (S4) systems: generating function at the roots of unity, four chunked Cauchy sums and a division-free rank-1 Woodbury, then irfft; memory O(H·(N + L)) plus one chunk")
-    register("keops", "kernel", "zoo_core.kernels.keops:kernel_cauchy_keops", priority=20,
+    register("keops", "kernel", "zoo_core.kernels.keops:kernel_cauchy_keops", priority=5,
              supports=_keops_supports, requires=("pykeops",),
              description="DPLR (S4) systems: kernel_cauchy with the four Cauchy sums fused in one pykeops reduction (JIT-compiled on first use); optional: pip install pykeops")
     register("naive", "conv", "zoo_core.kernels.conv:conv_naive", priority=0, supports=_lti_only,

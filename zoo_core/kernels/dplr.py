@@ -28,8 +28,10 @@ from ..discretize import bilinear
 from .kernel import _check_length, kernel_naive
 from .systems import DenseSystem, DPLRSystem
 
-# Entries of one (H, M, G) intermediate of kernel_cauchy: 2**21, i.e. 32 MiB in complex128.
-CHUNK_ELEMENTS = 1 << 21
+# Entries of one (H, M, G) intermediate of kernel_cauchy: 2**18, i.e. 2 MiB in complex64 (4 MiB
+# complex128), so a chunk's intermediates stay in cache. Fastest of 2**15..2**21 at H=256, N=64,
+# L=1024..16384 on the 2-core reference CPU: 2**21 was 2-4x slower forward, 1.6-2x forward+backward.
+CHUNK_ELEMENTS = 1 << 18
 
 
 def _cast(system: DPLRSystem) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:

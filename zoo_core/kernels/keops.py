@@ -3,8 +3,8 @@
 The maths is ``kernel_cauchy``'s (``dplr.py``): the same nodes 1 ∓ ω, the same conjugate-completed
 sums over the stored half, the same division-free Woodbury step (finite at the Nyquist node
 ω = −1), then ``irfft``. Only the sums differ: one KeOps reduction over the stored half state,
-never materialising an (H, M, F) array. KeOps has no complex autodiff, so every complex number is
-split into its real and imaginary parts; gradients come from KeOps' symbolic differentiation.
+never materialising an (H, M, F) array. Every complex number is split into its real and imaginary
+parts, so the formula is real and its gradients are KeOps' own symbolic derivatives.
 
 Dimensions:
     H: channels (a KeOps batch dimension).
