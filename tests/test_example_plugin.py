@@ -38,7 +38,7 @@ def test_example_plugin_registers_builds_and_passes_the_suite(installed):
     assert row["status"] == "loaded" and row["provides"] == {"cores": ["ema"]}
     build = _run([sys.executable, "-m", "zoo_core.cli", "build", str(EXAMPLE / "spec.yaml")], installed)
     assert build.returncode == 0, build.stderr
-    assert "backend (blocks AB): recurrent: scan=scan" in build.stdout
+    assert "backend (blocks AB): recurrent: scan=naive" in build.stdout  # CPU: the loop is fastest
     suite = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(EXAMPLE / "tests")], installed)
     assert suite.returncode == 0, suite.stdout + suite.stderr
     from zoo_core.testing import CHECKS

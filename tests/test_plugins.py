@@ -224,3 +224,15 @@ def test_cores_resolve_backends_in_the_registry_of_their_spec():
             "model": {"d_model": 4, "depth": 1, "core": {"kind": "s4d", "preset": "tiny", "backend": "myvander"}}}
     model = build_model(spec, registry=reg)
     assert model.stack.blocks[0].core.backend_choice.entries["kernel"].name == "myvander"
+
+
+def test_auto_ranks_backends_per_device():
+    """The sequential loop wins on CPU (benchmarks/REPORT_SCAN.md); the parallel scan elsewhere."""
+    from zoo_core.backends import resolve
+    from zoo_core.registry import Problem
+
+    reg = load_registry()
+    kw = {"paths": {"recurrent": ("scan",)}, "prefer": ("recurrent",), "reference": {"scan": "naive"}, "who": "t", "registry": reg}
+    assert resolve("auto", problem=Problem(structure="diag", device="cpu"), **kw).entries["scan"].name == "naive"
+    assert resolve("auto", problem=Problem(structure="diag", device="cuda"), **kw).entries["scan"].name == "scan"
+    assert resolve("scan", problem=Problem(structure="diag", device="cpu"), **kw).entries["scan"].name == "scan"

@@ -46,7 +46,7 @@ class BackendChoice:
 
 def _auto(reg: Registry, op: str, problem: Problem) -> tuple[BackendEntry | None, list[str]]:
     skipped = []
-    for entry in reg.backends_for(op):
+    for entry in reg.backends_for(op, problem.device):
         reason = entry.supports(problem)
         if reason is None:
             return entry, skipped
@@ -117,7 +117,7 @@ def resolve(
         except BackendUnavailableError as exc:
             errors.append(str(exc))
             continue
-        choice = BackendChoice(path, entries, f"auto: first path in {list(prefer)} whose ops all have a backend for a {_describe(problem)}; highest priority wins")
+        choice = BackendChoice(path, entries, f"auto: first path in {list(prefer)} whose ops all have a backend for a {_describe(problem)}; highest priority on {problem.device} wins")
         msg = f"{who}: backend auto -> {choice.label()} ({choice.reason})"
         if msg not in _LOGGED:
             _LOGGED.add(msg)

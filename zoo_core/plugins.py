@@ -148,10 +148,12 @@ def _make_register(kind: str, prov: Provider, out: list[tuple[Any, Any]]) -> Cal
             raise ValueError(f"core {name!r} registers no 'tiny' preset (every core needs one for tests)")
         out.append((name, CoreEntry(name, target, params, dict(presets), frozenset(capabilities), card, prov)))
 
-    def register_backend(name: str, op: str, target: Any, *, priority: int = 0, supports: Callable | None = None, requires: Sequence[str] = (), description: str = "") -> None:
+    def register_backend(name: str, op: str, target: Any, *, priority: int = 0, supports: Callable | None = None,
+                         requires: Sequence[str] = (), description: str = "", device_priority: dict[str, int] | None = None) -> None:
         if op not in OPS:
             raise ValueError(f"backend {name!r}: op must be one of {OPS}, not {op!r}")
-        out.append(((op, name), BackendEntry(name, op, target, priority, supports, tuple(requires), description, prov)))
+        out.append(((op, name), BackendEntry(name, op, target, priority, supports, tuple(requires), description, prov,
+                                             dict(device_priority or {}))))
 
     def register_discretizer(name: str, target: Any, *, structures: Iterable[str] = ("diag",), description: str = "") -> None:
         out.append((name, DiscretizerEntry(name, target, frozenset(structures), description, prov)))

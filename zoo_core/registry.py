@@ -112,6 +112,11 @@ class BackendEntry:
     requires: tuple[str, ...]
     description: str
     provider: Provider
+    device_priority: Mapping[str, int] = field(default_factory=dict)
+
+    def rank(self, device: str) -> int:
+        """``auto``'s preference on a device type ("cpu", "cuda", ...): higher wins."""
+        return self.device_priority.get(device, self.priority)
 
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run at all here (a missing package), or None."""
@@ -198,10 +203,10 @@ class Registry:
             f"unknown {op} backend {name!r};{did_you_mean(name, names)} {op} backends: {', '.join(sorted(names))}."
         )
 
-    def backends_for(self, op: str) -> list[BackendEntry]:
-        """Backends of one op, best (highest priority) first."""
+    def backends_for(self, op: str, device: str = "cpu") -> list[BackendEntry]:
+        """Backends of one op, best first (highest priority on ``device``)."""
         found = [b for (o, _), b in self.backends.items() if o == op]
-        return sorted(found, key=lambda b: (-b.priority, b.name))
+        return sorted(found, key=lambda b: (-b.rank(device), b.name))
 
     def discretizer(self, name: str) -> DiscretizerEntry:
         if name in self.discretizers:

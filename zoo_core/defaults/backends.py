@@ -69,9 +69,11 @@ def zoo_register_backends(register):  # type: ignore[no-untyped-def]
     register("naive", "scan", "zoo_core.kernels.scan:scan_naive", priority=0,
              supports=_structures("diag", "block2x2"),
              description="reference: sequential loop h_t = a_t ⊗ h_{t−1} + b_t")
-    register("chunked", "scan", "zoo_core.kernels.scan_lti:scan_chunked", priority=5,
+    # On CPU the sequential loop beats both parallel scans at every measured size
+    # (benchmarks/REPORT_SCAN.md), so there auto keeps the loop; elsewhere the parallel ones lead.
+    register("chunked", "scan", "zoo_core.kernels.scan_lti:scan_chunked", priority=5, device_priority={"cpu": -5},
              supports=_lti_diag,
              description="time-invariant diagonal systems: per-chunk Toeplitz matmuls of powers of a, carries by recursion")
-    register("scan", "scan", "zoo_core.kernels.scan:scan_parallel", priority=10,
+    register("scan", "scan", "zoo_core.kernels.scan:scan_parallel", priority=10, device_priority={"cpu": -1},
              supports=_structures("diag", "block2x2"),
              description="parallel: chunked log-depth (Hillis–Steele within chunks, recursive over chunk carries)")
