@@ -236,3 +236,11 @@ def test_auto_ranks_backends_per_device():
     assert resolve("auto", problem=Problem(structure="diag", device="cpu"), **kw).entries["scan"].name == "naive"
     assert resolve("auto", problem=Problem(structure="diag", device="cuda"), **kw).entries["scan"].name == "scan"
     assert resolve("scan", problem=Problem(structure="diag", device="cpu"), **kw).entries["scan"].name == "scan"
+
+
+def test_cores_resolve_for_the_device_they_are_built_for():
+    from zoo_lru.core import LRU
+
+    layer = LRU(d_model=2, d_state=4)
+    assert layer.backend_choice.entries["scan"].name == "naive"  # built on CPU
+    assert layer.resolve_backend("auto", who="lru", device="cuda").entries["scan"].name == "scan"

@@ -102,6 +102,19 @@ class CoreBase(nn.Module):
     # Parameters that get the learning rate ``self.ssm_lr`` and no weight decay (S4's convention).
     ssm_params: ClassVar[tuple[str, ...]] = ()
 
+    def resolve_backend(self, setting: Any, *, who: str, device: Any = None) -> Any:
+        """Resolve ``setting`` for this core's declared paths, on the device it is built for.
+
+        Uses the class attributes ``paths``, ``prefer``, ``reference`` and ``problem``.
+        """
+        import dataclasses
+
+        from .backends import resolve
+
+        problem = dataclasses.replace(self.problem, device=torch.device(device or "cpu").type)  # type: ignore[attr-defined]
+        return resolve(setting, paths=self.paths, prefer=self.prefer, reference=self.reference,  # type: ignore[attr-defined]
+                       problem=problem, who=who)
+
     def forward(self, x: Tensor, state: State | None = None) -> Tensor:
         return self.forward_with_state(x, state)[0]
 

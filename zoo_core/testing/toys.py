@@ -14,7 +14,6 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from ..backends import resolve
 from ..hookspecs import hookimpl
 from ..kernels.systems import DiagSystem
 from ..params import CoreParams
@@ -43,8 +42,7 @@ class ToyDiag(CoreBase):
         self.b = nn.Parameter(torch.randn(d_model, d_state, **kw))  # (H, N)
         self.c = nn.Parameter(torch.randn(d_model, d_state, **kw) / d_state)  # (H, N)
         self.d = nn.Parameter(torch.randn(d_model, **kw))  # (H,)
-        self.backend_choice = resolve(backend, paths=self.paths, prefer=self.prefer, reference=self.reference,
-                                      problem=self.problem, who=f"core {type(self).__name__}")
+        self.backend_choice = self.resolve_backend(backend, who=f"core {type(self).__name__}", device=device)
 
     def decay(self) -> Tensor:
         return torch.sigmoid(self.a_logit)  # (H, N)

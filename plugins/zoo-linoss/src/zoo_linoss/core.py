@@ -24,7 +24,6 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from zoo_core.backends import resolve
 from zoo_core.discretize import Discrete
 from zoo_core.plugins import get_registry
 from zoo_core.protocols import CoreBase, State, complex_dtype, require_float
@@ -88,8 +87,7 @@ class LinOSS(CoreBase):
         self.B = nn.Parameter((2 * torch.rand(P, H, 2, **kw) - 1) / math.sqrt(H))  # (P, H, R)
         self.C = nn.Parameter((2 * torch.rand(H, P, 2, **kw) - 1) / math.sqrt(P))  # (H, P, R)
         self.D = nn.Parameter(torch.randn(H, **kw))  # (H,)
-        self.backend_choice = resolve(backend, paths=self.paths, prefer=self.prefer, reference=self.reference,
-                                      problem=self.problem, who="core 'linoss'", registry=registry)
+        self.backend_choice = self.resolve_backend(backend, who="core 'linoss'", device=device)
 
     # parameters -> discrete system ------------------------------------------------------
     def stiffness(self) -> Tensor:

@@ -21,8 +21,6 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from zoo_core.backends import resolve
-from zoo_core.plugins import get_registry
 from zoo_core.protocols import CoreBase, State, complex_dtype, require_float
 from zoo_core.registry import Problem
 
@@ -83,8 +81,7 @@ class LRU(CoreBase):
         self.B = nn.Parameter((torch.randn(N, H, 2, dtype=F64) / math.sqrt(2 * H)).to(**kw))  # (N, H, 2)
         self.C = nn.Parameter((torch.randn(H, N, 2, dtype=F64) / math.sqrt(N)).to(**kw))  # (H, N, 2)
         self.D = nn.Parameter(torch.randn(H, dtype=F64).to(**kw))  # (H,)
-        self.backend_choice = resolve(backend, paths=self.paths, prefer=self.prefer, reference=self.reference,
-                                      problem=self.problem, who="core 'lru'", registry=get_registry())
+        self.backend_choice = self.resolve_backend(backend, who="core 'lru'", device=device)
 
     # parameters -> system ---------------------------------------------------------------
     def lam(self) -> Tensor:

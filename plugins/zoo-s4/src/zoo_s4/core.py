@@ -22,12 +22,10 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from zoo_core.backends import resolve
 from zoo_core.init.diag import log_uniform_dt
 from zoo_core.init.hippo import dplr_legs
 from zoo_core.kernels.dplr import DPLRStep, StepMatrices, c_from_ctilde, ctilde_from_c
 from zoo_core.kernels.systems import DPLRSystem
-from zoo_core.plugins import get_registry
 from zoo_core.protocols import CoreBase, State, complex_dtype, require_float
 from zoo_core.registry import Problem
 
@@ -78,8 +76,7 @@ class S4(CoreBase):
         self.B = nn.Parameter(torch.view_as_real(b.contiguous()).to(**kw))  # (H, M, 2)
         self.C = nn.Parameter(torch.view_as_real(ct).to(**kw))  # (H, M, 2)  holds C̃
         self.D = nn.Parameter(torch.randn(H, **kw))  # (H,)
-        self.backend_choice = resolve(backend, paths=self.paths, prefer=self.prefer, reference=self.reference,
-                                      problem=self.problem, who="core 's4'", registry=get_registry())
+        self.backend_choice = self.resolve_backend(backend, who="core 's4'", device=device)
         self._step_cache: tuple[Any, StepMatrices] | None = None
 
     # parameters -> system ----------------------------------------------------------------

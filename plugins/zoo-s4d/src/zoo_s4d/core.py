@@ -18,7 +18,6 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from zoo_core.backends import resolve
 from zoo_core.init.diag import log_uniform_dt, s4d_init
 from zoo_core.kernels.systems import DiagSystem
 from zoo_core.plugins import get_registry
@@ -72,8 +71,7 @@ class S4D(CoreBase):
             raise ValueError(f"discretizer {discretizer!r} does not handle diagonal systems")
         self.discretizer = discretizer
         self._discretize = disc.load()
-        self.backend_choice = resolve(backend, paths=self.paths, prefer=self.prefer, reference=self.reference,
-                                      problem=self.problem, who="core 's4d'", registry=registry)
+        self.backend_choice = self.resolve_backend(backend, who="core 's4d'", device=device)
 
     # parameters -> discrete system ------------------------------------------------------
     def _discrete(self) -> Any:

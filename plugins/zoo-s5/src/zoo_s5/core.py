@@ -23,7 +23,6 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from zoo_core.backends import resolve
 from zoo_core.errors import ZooError
 from zoo_core.init.diag import log_uniform_dt
 from zoo_core.plugins import get_registry
@@ -107,8 +106,7 @@ class S5(CoreBase):
         self.discretizer = discretizer
         self._discretize = disc.load()
         name = "s5-bidirectional" if self.bidirectional else "s5"
-        self.backend_choice = resolve(backend, paths=self.paths, prefer=self.prefer, reference=self.reference,
-                                      problem=self.problem, who=f"core {name!r}", registry=registry)
+        self.backend_choice = self.resolve_backend(backend, who=f"core {name!r}", device=device)
 
     # parameters -> discrete system ------------------------------------------------------
     def Lambda(self) -> Tensor:
