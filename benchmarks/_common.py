@@ -159,3 +159,39 @@ def reset_peak_rss(trim: bool = False) -> int:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     return _rss_kib("VmRSS")
+
+
+def layer_call(layer: torch.nn.Module, x: Tensor, mode: str) -> Call:
+    """One timed call of a layer on x (B, L, H): forward under no_grad, or forward + backward of a
+    fixed random cotangent into every parameter and the input."""
+    torch.manual_seed(1)
+    grad_y = torch.randn_like(x)  # (B, L, H)
+
+    def fwd() -> None:
+        with torch.no_grad():
+            layer(x)
+
+    def fwdbwd() -> None:
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+        layer(x).backward(grad_y)
+
+    if mode == "fwdbwd":
+        x.requires_grad_(True)
+    return fwd if mode == "fwd" else fwdbwd
+
+
+def load_rows(path: Path) -> tuple[dict[tuple, dict], dict[str, dict], dict]:
+    """A results .jsonl: the latest row per (workload, impl, threads), run records, the start-up check."""
+    latest: dict[tuple, dict] = {}
+    runs: dict[str, dict] = {}
+    check: dict = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row["kind"] == "run":
+            runs[row["run"]] = row
+        elif row["kind"] == "check":
+            check = row
+        else:
+            latest[(row["workload"], row["impl"], row["threads"])] = row
+    return latest, runs, check

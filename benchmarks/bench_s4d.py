@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Call, Writer, _rss_kib, machine, rel, summary, time_block  # noqa: E402
+from _common import Call, Writer, _rss_kib, layer_call, machine, rel, summary, time_block  # noqa: E402
 from straightforward_s4d import StraightforwardS4D, copy_from_zoo  # noqa: E402
 
 from zoo_core.discretize import zoh  # noqa: E402
@@ -78,21 +78,6 @@ def kernel_fn(name: str, layer: StraightforwardS4D) -> Callable[[int], Tensor]:
     return lambda L: fn(zoo_system(layer), L)
 
 
-def layer_call(layer: nn.Module, x: Tensor, mode: str) -> Call:
-    grad_y = torch.randn_like(x)  # (B, L, H)
-
-    def fwd() -> None:
-        with torch.no_grad():
-            layer(x)
-
-    def fwdbwd() -> None:
-        layer.zero_grad(set_to_none=True)
-        x.grad = None
-        layer(x).backward(grad_y)
-
-    if mode == "fwdbwd":
-        x.requires_grad_(True)
-    return fwd if mode == "fwd" else fwdbwd
 
 
 def kernel_call(fn: Callable[[int], Tensor], layer: nn.Module, L: int, mode: str) -> Call:

@@ -46,8 +46,8 @@ import torch
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (Call, Writer, _rss_kib, machine, rel, reset_peak_rss, summary,  # noqa: E402
-                     time_block)
+from _common import (Call, Writer, _rss_kib, layer_call, load_rows, machine, rel, reset_peak_rss,  # noqa: E402
+                     summary, time_block)
 
 HERE = Path(__file__).resolve().parent
 BACKENDS = {"naive": {"scan": "naive"}, "scan": {"scan": "scan"}, "chunked": {"scan": "chunked"}}
@@ -93,22 +93,6 @@ def make_layer(core: str, impl: str, H: int, P: int) -> nn.Module:
     return core_class(core)(d_model=H, d_state=P, backend=BACKENDS[impl])
 
 
-def layer_call(layer: nn.Module, x: Tensor, mode: str) -> Call:
-    torch.manual_seed(1)
-    grad_y = torch.randn_like(x)  # (B, L, H)
-
-    def fwd() -> None:
-        with torch.no_grad():
-            layer(x)
-
-    def fwdbwd() -> None:
-        layer.zero_grad(set_to_none=True)
-        x.grad = None
-        layer(x).backward(grad_y)
-
-    if mode == "fwdbwd":
-        x.requires_grad_(True)
-    return fwd if mode == "fwd" else fwdbwd
 
 
 def make_call(core: str, impl: str, B: int, L: int, H: int, P: int, mode: str) -> Call:
@@ -360,17 +344,6 @@ def fmt_t(s: float | None) -> str:
     return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
-def load(path: Path) -> tuple[dict[tuple, dict], dict[str, dict], dict]:
-    latest, runs, check = {}, {}, {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        if row["kind"] == "run":
-            runs[row["run"]] = row
-        elif row["kind"] == "check":
-            check = row
-        else:
-            latest[(row["workload"], row["impl"], row["threads"])] = row
-    return latest, runs, check
 
 
 def get(latest: dict, kind: str, core: str, impl: str, L: int, mode: str) -> dict | None:
@@ -417,7 +390,10 @@ def report_header(latest: dict, runs: dict, check: dict) -> list[str]:
         "loop over L, `zoo_core.kernels.scan.scan_naive`), `{scan: scan}` (chunked Hillis–Steele doubling, "
         "`scan_parallel`) and `{scan: chunked}` (Toeplitz-matmul chunks, `scan_lti.scan_chunked`; time-invariant "
         "diagonal systems only: S5 and LRU). `auto` resolves to "
-        + ", ".join(f"{c}: `{v}`" for c, v in auto.items()) + ", so it is not timed separately.",
+        + ", ".join(f"{c}: `{v}`" for c, v in auto.items()) + ", so it is not timed separately."
+        + ("" if all("naive" in v for v in auto.values()) else
+           " (After these measurements `auto` was changed to rank backends per device: on CPU it now picks "
+           "the `naive` loop, the fastest here.)"),
         "- What each core scans at d_state=P=64: S5 stores P/2 = 32 conjugate pairs and scans (B, L, 32) complex64; "
         "LRU scans (B, L, 64) complex64; LinOSS scans (B, L, 2, 64, 2) float32 with 2×2 blocks (real and imaginary "
         "parts of 64 oscillators).",
@@ -607,7 +583,7 @@ def analysis(latest: dict, L: int) -> list[str]:
     if not ops:
         return []
     out = ["## Why the targets are missed", "",
-           f"**1. The scan is only part of the layer (Amdahl).** Input projection, readout, D·u and discretisation "
+           "**1. The scan is only part of the layer (Amdahl).** Input projection, readout, D·u and discretisation "
            "are the same code for every backend. With the naive layer's time and its scan op alone (next section), "
            "the rest of the layer bounds what any scan backend can gain, even one that took zero time:", "",
            "| core | mode | naive layer | naive scan op | rest of the layer | best possible layer speed-up from "
@@ -681,7 +657,7 @@ def analysis(latest: dict, L: int) -> list[str]:
                    "(P, 2T, B·J) real and back through `view_as_real`/`permute`/`contiguous`) costs "
                    f"{top(p_ch, 'aten::copy_') / max(top(p_ch, 'aten::bmm'), 1e-9):.0f}× the matmul.")
     if p_lin:
-        out.append(f"- `scan`, LinOSS (forward): the 2×2 transitions are composed with `@` on (B, L, 2, P) stacks "
+        out.append("- `scan`, LinOSS (forward): the 2×2 transitions are composed with `@` on (B, L, 2, P) stacks "
                    "of 2×2 matrices at every doubling level (a (P, 2, 2) constant broadcast to the full shape); "
                    "top operators: " + "; ".join(f"{e['op']} {fmt_t(e['self_s'])} ×{e['calls']}"
                                                  for e in p_lin["top"][:4]) + ".")
@@ -754,7 +730,7 @@ def repeatability(path: Path) -> list[str]:
 
 
 def render(jsonl: Path, out_path: Path) -> None:
-    latest, runs, check = load(jsonl)
+    latest, runs, check = load_rows(jsonl)
     layer_rows = [r for r in latest.values() if r["kind"] == "layer"]
     Ls = sorted({r["L"] for r in layer_rows})
     L = 4096 if 4096 in Ls else Ls[len(Ls) // 2]
