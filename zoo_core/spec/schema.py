@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .training import TrainingSpec
+
 SCHEMA_VERSION = 1
 
 
@@ -122,6 +124,7 @@ class ModelSpec(_Strict):
     task: TaskSpec
     input: InputSpec
     model: ModelBody
+    training: TrainingSpec | None = Field(None, description="how zoo train fits the model (ignored by build)")
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelSpec:
