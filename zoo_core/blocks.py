@@ -71,15 +71,15 @@ class EMABatchNorm(nn.Module):
         return y
 
 
-def make_norm(kind: str, d_model: int, *, affine: bool = True, **kw: Any) -> nn.Module:
+def make_norm(kind: str, d_model: int, *, affine: bool = True, eps: float = 1e-5, **kw: Any) -> nn.Module:
     if kind == "layer":
-        return nn.LayerNorm(d_model, elementwise_affine=affine, **kw)
+        return nn.LayerNorm(d_model, eps=eps, elementwise_affine=affine, **kw)
     if kind == "rms":
-        return nn.RMSNorm(d_model, eps=1e-5, elementwise_affine=affine, **kw)
+        return nn.RMSNorm(d_model, eps=eps, elementwise_affine=affine, **kw)
     if kind == "batch":
-        return ChannelBatchNorm(d_model, affine=affine, **kw)
+        return ChannelBatchNorm(d_model, affine=affine, eps=eps, **kw)
     if kind == "ema_batch":
-        return EMABatchNorm(d_model, affine=affine, **kw)
+        return EMABatchNorm(d_model, affine=affine, eps=eps, **kw)
     if kind == "none":
         return nn.Identity()
     raise ValueError(f"unknown norm {kind!r}; choose one of {NORMS}")
@@ -118,6 +118,7 @@ class Block(nn.Module):
         *,
         norm: str = "layer",
         norm_affine: bool = True,
+        norm_eps: float = 1e-5,
         prenorm: bool = True,
         activation: str = "gelu",
         output: str = "glu",
@@ -128,7 +129,7 @@ class Block(nn.Module):
     ) -> None:
         super().__init__()
         kw = {"device": device, "dtype": dtype}
-        self.norm = make_norm(norm, d_model, affine=norm_affine, **kw)
+        self.norm = make_norm(norm, d_model, affine=norm_affine, eps=norm_eps, **kw)
         self.core = core
         self.act = make_activation(activation)
         self.out = make_output(output, d_model, **kw)

@@ -60,7 +60,7 @@ def _assemble(spec: Spec, *, device: Any, dtype: Any, seed: int | None) -> Seque
         task=env.task.kind,
         pool=env.pool,
         d_model=m.d_model,
-        final_norm=make_norm(m.final_norm, m.d_model, **kw),
+        final_norm=make_norm(m.final_norm, m.d_model, eps=m.block.norm_eps, **kw),
         time_length=env.input.length if env.input.include_time else None,
         spec=spec.resolved(),
     )

@@ -77,6 +77,7 @@ class BlockSpec(_Strict):
     preset: Literal["uea", "uea-ema"] | None = Field(None, description="a named block recipe (see BLOCK_PRESETS)")
     norm: Literal["layer", "rms", "batch", "ema_batch", "none"] = "layer"
     norm_affine: bool = True
+    norm_eps: float = Field(1e-5, gt=0, lt=1, description="the norms' epsilon (block norms and the final norm)")
     prenorm: bool = True
     activation: Literal["gelu", "gelu_tanh", "silu", "relu", "identity"] = "gelu"
     output: Literal["glu", "linear", "none"] = "glu"
