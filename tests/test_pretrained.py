@@ -3,6 +3,8 @@ and failed saves that leave the old folder intact."""
 
 from __future__ import annotations
 
+import hashlib
+
 import json
 import os
 
@@ -109,13 +111,27 @@ def test_failed_save_leaves_the_old_folder_intact(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(pretrained, "save_file", boom)
+    monkeypatch.setattr(pretrained, "canonical_safetensors", boom)
     with torch.no_grad():
         model.head.weight.add_(1.0)
     with pytest.raises(CheckpointError):
         save_pretrained(model, tmp_path / "m")
     assert _snapshot(tmp_path / "m") == before
     assert sorted(os.listdir(tmp_path)) == ["m"]  # no staging litter
+
+
+def test_saving_the_same_model_twice_gives_identical_bytes(tmp_path):
+    """Registry pins and "no change, no new Hub commit" need byte-identical files (the safetensors
+    writer alone emits its metadata in hash-map order, different from one save to the next)."""
+    model = build_model(SPEC, seed=0)
+    digests = set()
+    for i in range(4):
+        save_pretrained(model, tmp_path / f"m{i}")
+        digests.add(hashlib.sha256((tmp_path / f"m{i}" / "model.safetensors").read_bytes()).hexdigest())
+    assert len(digests) == 1
+    loaded = load_pretrained(tmp_path / "m0")
+    for (n, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), n
 
 
 def test_unsaveable_model_without_spec():

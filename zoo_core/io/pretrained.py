@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save as save_bytes
 from torch import Tensor, nn
 
 from ..errors import CheckpointError, ZooError
@@ -71,6 +71,21 @@ def _check_replaceable(directory: str | os.PathLike[str]) -> None:
         )
 
 
+def canonical_safetensors(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """safetensors bytes with the header's keys sorted, so equal models give byte-identical files.
+
+    The safetensors writer emits ``__metadata__`` in hash-map order, which changes from one save to
+    the next; registry pins (sha256) and "nothing changed, no new Hub commit" both need the same
+    bytes for the same tensors. Offsets are relative to the data section, which is kept as is.
+    """
+    raw = save_bytes(tensors, metadata=metadata)
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)  # the format aligns the data section to 8 bytes
+    return len(text).to_bytes(8, "little") + text + raw[8 + n :]
+
+
 def save_pretrained(model: nn.Module, directory: str | os.PathLike[str]) -> Path:
     """Write ``directory`` atomically: it ends up entirely old or entirely new.
 
@@ -100,7 +115,7 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike[str]) -> Path
         "versions": vers,
     }
     files = {
-        WEIGHTS: lambda p: save_file(to_save, str(p), metadata=meta),
+        WEIGHTS: lambda p: Path(p).write_bytes(canonical_safetensors(to_save, meta)),
         CONFIG: (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
     }
     return atomic_write_dir(directory, files)
