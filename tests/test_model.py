@@ -27,13 +27,18 @@ CASES = {
     "lm-tied": spec({"kind": "lm"}, {"vocab_size": 11}, final_norm="rms", tie_embeddings=True),
     "periodic-abab": spec({"kind": "sequence", "outputs": 2}, {"channels": 2}, depth=6, stacking={"policy": "periodic", "period": 2}),
     "recurrent-backend": spec({"kind": "sequence", "outputs": 2}, {"channels": 2}, core={"kind": "s4d", "preset": "tiny", "backend": "scan"}),
+    "lrcssm-backbone": spec({"kind": "classification", "classes": 3}, {"channels": 2}, block={"preset": "lrcssm"},
+                            encoder={"kind": "mlp"}, head={"kind": "mlp"}, pool="mean_logits"),
+    "lrcssm-backbone-sequence": spec({"kind": "sequence", "outputs": 2}, {"channels": 2}, block={"preset": "lrcssm"},
+                                     core={"kind": "lru", "preset": "tiny"}, stacking={"policy": "periodic", "period": 1, "damping": 0.5}),
 }
 
 
 def _inputs(model, B, L):
     if model.task == "lm":
         return torch.randint(0, 11, (B, L))
-    return torch.randn(B, L, model.encoder.in_features, dtype=torch.float64)
+    enc = model.encoder if isinstance(model.encoder, torch.nn.Linear) else model.encoder[0]
+    return torch.randn(B, L, enc.in_features, dtype=torch.float64)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -186,3 +191,54 @@ def test_rescale_is_all_or_nothing():
     with pytest.raises(ValueError, match="refuses"):
         rescale_sampling_rate(model, 2.0)
     assert [c.dt_scale for c in model.cores()] == [1.0, 1.0] and model.spec["model"]["core"]["dt_scale"] == 1.0
+
+
+def lrcssm_spec(**kw):
+    return spec({"kind": "classification", "classes": 2}, {"channels": 5}, d_model=8, depth=2, core={"kind": "lru", "preset": "tiny"},
+                block={"preset": "lrcssm"}, encoder={"kind": "mlp"}, head={"kind": "mlp"}, pool="mean_logits", **kw)
+
+
+def test_lrcssm_backbone_computes_the_reference_recipe():
+    """models.md §12.3: MLP encoder; per layer u = LN(u), s = core(u), v = LN(s + u), u = v + MLP(v)
+    (LayerNorms without weight/bias, eps 1e-5); MLP head on every step; logits averaged over time."""
+    import torch.nn.functional as F
+
+    model = build_model(lrcssm_spec(), seed=0).double().eval()
+    x = torch.randn(2, 11, 5, dtype=torch.float64)
+    enc, head = model.encoder, model.head
+    with torch.no_grad():
+        u = enc[2](torch.relu(enc[0](x)))  # Linear -> ReLU -> Linear
+        for block in model.stack.blocks:
+            assert block.norm_in.weight is None and block.norm_in.eps == 1e-5
+            u = F.layer_norm(u, (8,), eps=1e-5)
+            s = block.core(u)
+            v = F.layer_norm(s + u, (8,), eps=1e-5)
+            u = v + block.mlp[2](torch.relu(block.mlp[0](v)))
+        logits = head[2](torch.relu(head[0](u))).mean(dim=1)
+        torch.testing.assert_close(model(x), logits)
+    core = count_params(model.stack.blocks[0].core)
+    expected = (5 * 8 + 8 + 8 * 8 + 8) + 2 * (core + 2 * (8 * 8 + 8)) + (8 * 8 + 8 + 8 * 2 + 2)
+    assert count_params(model) == expected
+    assert "mlp" in model.spec["model"]["encoder"]["kind"] and model.spec["model"]["block"]["layout"] == "lrcssm"
+
+
+def test_lrcssm_backbone_shares_and_saves_like_any_block(tmp_path):
+    s = lrcssm_spec()
+    s["model"]["stacking"] = {"policy": "periodic", "period": 1, "norms": "per_position", "damping": "learned"}
+    model = build_model(s, seed=0).eval()
+    assert len(model.stack.position_norms[0]) == 2 and model.stack.blocks[0].norm_in is None
+    model.save_pretrained(str(tmp_path / "m"))
+    loaded = type(model).from_pretrained(str(tmp_path / "m"))
+    x = torch.randn(2, 7, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+    assert loaded.spec == model.spec
+    text = summary(model)
+    assert "damping α=learned" in text and "norms per_position" in text and "norms       0" in text
+
+
+def test_summary_reports_reshaping_and_depth_settings():
+    s = spec({"kind": "classification", "classes": 2}, {"channels": 3, "reshape": {"c": 12}}, depth=4,
+             stacking={"policy": "periodic", "period": 2, "damping": 0.5})
+    text = summary(build_model(s, seed=0))
+    assert "reshape concat c=12" in text and "damping α=0.5" in text and "period 2" in text

@@ -73,6 +73,23 @@ def test_normalisation_is_a_fixed_point():
     ("classes: 3", "classes: 3, outputs: 2", ["does not take task.outputs"]),
     ("{policy: periodic, period: 2}", "{policy: periodic}", ["model.stacking.policy", "needs model.stacking.period"]),
     ("{policy: periodic, period: 2}", "{policy: independent, period: 2}", ["model.stacking.period", "takes no period"]),
+    # depth recurrence
+    ("period: 2}", "period: 2, adaptive: {epsilon: 0}}", ["spec.yaml:7", "model.stacking.adaptive.epsilon", "greater than 0"]),
+    ("period: 2}", "period: 2, adaptive: {epsilon: -0.1}}", ["model.stacking.adaptive.epsilon", "greater than 0"]),
+    ("period: 2}", "period: 2, adaptive: {min_depth: 6, max_depth: 4}}", ["spec.yaml:7", "model.stacking.adaptive.min_depth", "exceeds the maximum depth 4"]),
+    ("period: 2}", "period: 2, adaptive: {min_depth: 6}}", ["model.stacking.adaptive.min_depth", "defaults to the depth"]),
+    ("period: 2}", "period: 2, adaptive: {max_depth: 5}}", ["model.stacking.adaptive.max_depth", "multiple of the period 2", "stop_at: block"]),
+    ("period: 2}", "period: 2, adaptive: {max_depth: 5, stop_at: blok}}", ["model.stacking.adaptive.stop_at", "'block' or 'period'"]),
+    ("period: 2}", "period: 2, adaptive: {epsilon: 0.1, max_dept: 5}}", ["model.stacking.adaptive.max_dept", "did you mean 'max_depth'"]),
+    ("period: 2}", "period: 2, norms: per_position, adaptive: {max_depth: 8}}", ["model.stacking.adaptive.max_depth", "norms: per_position"]),
+    ("period: 2}", "period: 2, norms: per_layer}", ["model.stacking.norms", "'shared' or 'per_position'"]),
+    ("period: 2}", "period: 2, damping: 1.5}", ["spec.yaml:7", "model.stacking.damping", "(0, 1]"]),
+    ("period: 2}", "period: 2, damping: 0.0}", ["model.stacking.damping", "(0, 1]"]),
+    ("period: 2}", "period: 2, damping: 0.5, damping_init: 0.3}", ["model.stacking.damping_init", "damping: learned"]),
+    ("period: 2}", "period: 2, damping: learned, damping_init: 1.0}", ["model.stacking.damping_init", "less than 1"]),
+    # backbone pieces
+    ("  core:", "  encoder: {kind: mpl}\n  core:", ["model.encoder.kind", "'linear' or 'mlp'"]),
+    ("  core:", "  block: {preset: lrcssm, output: linear}\n  core:", ["model.block", "does not apply to layout 'lrcssm'"]),
 ])
 def test_bad_specs_name_file_line_key_and_fix(tmp_path, old, new, expect):
     msg = error_of(tmp_path, GOOD.replace(old, new))

@@ -1,7 +1,13 @@
-"""Blocks: norm → core → activation → dropout → output map (GLU / linear) → dropout → residual.
+"""Blocks: norm → core → activation → dropout → output map (GLU / linear) → dropout → residual,
+and the LrcSSM backbone's block (models.md §12.3).
 
 Letters: B batch, L length, H model width. Every block has ``forward_with_state`` and ``step``,
 with the same maths, so a stack of blocks streams exactly as it runs in parallel (in eval mode).
+
+Norms can be handed in per call (``norms=``): a stack that reuses one block at several depth
+positions with ``norms: per_position`` keeps one set of norms per position and passes it in; the
+block then owns no norms of its own (``drop_norms``). Dropout draws a fresh mask at every call, so
+a block applied at several depth positions gets independent masks per application.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from .protocols import State
 NORMS = ("layer", "rms", "batch", "ema_batch", "none")
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "identity")
 OUTPUTS = ("glu", "linear", "none")
+LAYOUTS = ("residual", "lrcssm")
 
 
 class ChannelBatchNorm(nn.Module):
@@ -108,8 +115,35 @@ def make_output(kind: str, d_model: int, **kw: Any) -> nn.Module:
     raise ValueError(f"unknown block output {kind!r}; choose one of {OUTPUTS}")
 
 
-class Block(nn.Module):
+class _NormsMixin:
+    """Norm handling shared by the block layouts: own norms, or norms handed in per call."""
+
+    _norm_names: tuple[str, ...] = ()
+
+    def norm_modules(self) -> list[nn.Module]:
+        """The block's own norms, in the order ``norms=`` expects them."""
+        mods = [getattr(self, n) for n in self._norm_names]
+        if any(m is None for m in mods):
+            raise RuntimeError("this block's norms live in its stack (norms: per_position); pass norms=")
+        return mods
+
+    def make_norms(self) -> list[nn.Module]:
+        """Fresh norms of the same kind, as freshly initialised (one set per depth position)."""
+        return [self._norm_factory() for _ in self._norm_names]  # type: ignore[attr-defined]
+
+    def drop_norms(self) -> None:
+        """Remove the block's own norms: every call must then pass ``norms=`` (per-position norms)."""
+        for n in self._norm_names:
+            setattr(self, n, None)
+
+    def _resolve(self, norms: list[nn.Module] | None) -> list[nn.Module]:
+        return list(norms) if norms is not None else self.norm_modules()
+
+
+class Block(_NormsMixin, nn.Module):
     """One residual block around an SSM core."""
+
+    _norm_names = ("norm",)
 
     def __init__(
         self,
@@ -129,7 +163,8 @@ class Block(nn.Module):
     ) -> None:
         super().__init__()
         kw = {"device": device, "dtype": dtype}
-        self.norm = make_norm(norm, d_model, affine=norm_affine, eps=norm_eps, **kw)
+        self._norm_factory = lambda: make_norm(norm, d_model, affine=norm_affine, eps=norm_eps, **kw)
+        self.norm = self._norm_factory()
         self.core = core
         self.act = make_activation(activation)
         self.out = make_output(output, d_model, **kw)
@@ -137,27 +172,110 @@ class Block(nn.Module):
         self.prenorm = prenorm
         self.residual = residual
 
-    def _pre(self, x: Tensor) -> Tensor:
-        return self.norm(x) if self.prenorm else x
+    def _pre(self, x: Tensor, norm: nn.Module) -> Tensor:
+        return norm(x) if self.prenorm else x
 
-    def _post(self, x: Tensor, y: Tensor) -> Tensor:
+    def _post(self, x: Tensor, y: Tensor, norm: nn.Module) -> Tensor:
         y = self.drop(self.out(self.drop(self.act(y))))
         z = x + y if self.residual else y
-        return z if self.prenorm else self.norm(z)
+        return z if self.prenorm else norm(z)
 
-    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
-        return self._post(x, self.core(self._pre(x), state))  # (B, L, H)
+    def forward(self, x: Tensor, state: State | None = None, *, norms: list[nn.Module] | None = None) -> Tensor:
+        (n,) = self._resolve(norms)
+        return self._post(x, self.core(self._pre(x, n), state), n)  # (B, L, H)
 
-    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        y, new_state = self.core.forward_with_state(self._pre(x), state)  # (B, L, H)
-        return self._post(x, y), new_state
+    def forward_with_state(self, x: Tensor, state: State | None = None, *,
+                           norms: list[nn.Module] | None = None) -> tuple[Tensor, State]:
+        (n,) = self._resolve(norms)
+        y, new_state = self.core.forward_with_state(self._pre(x, n), state)  # (B, L, H)
+        return self._post(x, y, n), new_state
 
-    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
-        y_t, new_state = self.core.step(self._pre(x_t), state)  # (B, H)
-        return self._post(x_t, y_t), new_state
+    def step(self, x_t: Tensor, state: State, *, norms: list[nn.Module] | None = None) -> tuple[Tensor, State]:
+        (n,) = self._resolve(norms)
+        y_t, new_state = self.core.step(self._pre(x_t, n), state)  # (B, H)
+        return self._post(x_t, y_t, n), new_state
 
     def init_state(self, batch_size: int, **kw: Any) -> State:
         return self.core.init_state(batch_size, **kw)
+
+
+class LrcBlock(_NormsMixin, nn.Module):
+    """The LrcSSM backbone's block (MoniFarsang/LrcSSM ``SingleScaleGRU``, models.md §12.3)::
+
+        u = norm_in(x)            LayerNorm without weight/bias, eps 1e-5 (the preset's defaults)
+        s = core(u)
+        v = norm_out(s + u)       the residual adds the *normalised* input
+        y = v + MLP(v)            MLP = Linear(H, H) → activation (ReLU) → Linear(H, H)
+
+    Dropout (p = 0 in the preset, as the reference never calls its dropout) follows the MLP.
+    """
+
+    _norm_names = ("norm_in", "norm_out")
+
+    def __init__(
+        self,
+        core: nn.Module,
+        d_model: int,
+        *,
+        norm: str = "layer",
+        norm_affine: bool = False,
+        norm_eps: float = 1e-5,
+        activation: str = "relu",
+        dropout: float = 0.0,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self._norm_factory = lambda: make_norm(norm, d_model, affine=norm_affine, eps=norm_eps, **kw)
+        self.norm_in, self.norm_out = self._norm_factory(), self._norm_factory()
+        self.core = core
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_model, **kw), make_activation(activation), nn.Linear(d_model, d_model, **kw))
+        self.drop = nn.Dropout(dropout)
+
+    def _post(self, u: Tensor, s: Tensor, norm_out: nn.Module) -> Tensor:
+        v = norm_out(s + u)  # (B, L, H) or (B, H)
+        return v + self.drop(self.mlp(v))
+
+    def forward(self, x: Tensor, state: State | None = None, *, norms: list[nn.Module] | None = None) -> Tensor:
+        n_in, n_out = self._resolve(norms)
+        u = n_in(x)
+        return self._post(u, self.core(u, state), n_out)
+
+    def forward_with_state(self, x: Tensor, state: State | None = None, *,
+                           norms: list[nn.Module] | None = None) -> tuple[Tensor, State]:
+        n_in, n_out = self._resolve(norms)
+        u = n_in(x)
+        s, new_state = self.core.forward_with_state(u, state)
+        return self._post(u, s, n_out), new_state
+
+    def step(self, x_t: Tensor, state: State, *, norms: list[nn.Module] | None = None) -> tuple[Tensor, State]:
+        n_in, n_out = self._resolve(norms)
+        u = n_in(x_t)
+        s, new_state = self.core.step(u, state)
+        return self._post(u, s, n_out), new_state
+
+    def init_state(self, batch_size: int, **kw: Any) -> State:
+        return self.core.init_state(batch_size, **kw)
+
+
+def make_block(layout: str, core: nn.Module, d_model: int, **recipe: Any) -> nn.Module:
+    """The block of a layout (``residual`` or ``lrcssm``) around ``core``."""
+    if layout == "residual":
+        return Block(core, d_model, **recipe)
+    if layout == "lrcssm":
+        return LrcBlock(core, d_model, **recipe)
+    raise ValueError(f"unknown block layout {layout!r}; choose one of {LAYOUTS}")
+
+
+def make_mlp_or_linear(kind: str, d_in: int, d_out: int, *, hidden: int | None = None, bias: bool = True, **kw: Any) -> nn.Module:
+    """``linear``: Linear(d_in, d_out); ``mlp``: Linear(d_in, hidden) → ReLU → Linear(hidden, d_out)."""
+    if kind == "linear":
+        return nn.Linear(d_in, d_out, bias=bias, **kw)
+    if kind == "mlp":
+        width = hidden or d_out
+        return nn.Sequential(nn.Linear(d_in, width, **kw), nn.ReLU(), nn.Linear(width, d_out, bias=bias, **kw))
+    raise ValueError(f"unknown encoder/head kind {kind!r}; choose linear or mlp")
 
 
 def count_params(module: nn.Module) -> int:

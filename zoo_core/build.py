@@ -9,8 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .blocks import Block, count_params, make_norm
+from .adaptive import AdaptiveConfig
+from .blocks import count_params, make_block, make_mlp_or_linear, make_norm
 from .model import SequenceModel
+from .reshape import InputReshaper
 from .plugins import using_registry
 from .registry import Registry
 from .spec import Spec, load_spec
@@ -41,27 +43,40 @@ def _assemble(spec: Spec, *, device: Any, dtype: Any, seed: int | None) -> Seque
     core_cls = spec.core.load()
     params = spec.core_params.model_dump()
     schedule = spec.policy.schedule(m.depth)
+    recipe = m.block.recipe()
     blocks = [
-        Block(core_cls(**params, **kw), m.d_model, **m.block.recipe(), **kw)
+        make_block(m.block.layout, core_cls(**params, **kw), m.d_model, **recipe, **kw)
         for _ in range(spec.policy.num_blocks(m.depth))
     ]
+    st = m.stacking
+    stack = Stack(blocks, schedule, damping=st.damping,
+                  damping_init=0.9 if st.damping_init is None else st.damping_init, norms=st.norms)
+    reshaper = None
+    d_in = (env.input.channels or 0) + int(env.input.include_time)
+    if env.input.reshape is not None:
+        reshaper = InputReshaper(d_in, env.input.reshape.c)
+        d_in = env.input.reshape.c
     if env.input.vocab_size is not None:
         encoder: nn.Module = nn.Embedding(env.input.vocab_size, m.d_model, **kw)
     else:
-        encoder = nn.Linear(env.input.channels + int(env.input.include_time), m.d_model, **kw)
+        encoder = make_mlp_or_linear(m.encoder.kind, d_in, m.d_model, hidden=m.encoder.hidden or m.d_model, **kw)
     out = {"classification": env.task.classes, "lm": env.input.vocab_size}.get(env.task.kind, env.task.outputs)
-    head = nn.Linear(m.d_model, out, bias=not m.tie_embeddings, **kw)
+    head = make_mlp_or_linear(m.head.kind, m.d_model, out, hidden=m.head.hidden or m.d_model, bias=not m.tie_embeddings, **kw)
     if m.tie_embeddings:
         head.weight = encoder.weight
+    ad = st.adaptive
+    adaptive = None if ad is None else AdaptiveConfig(ad.epsilon, ad.max_depth, ad.min_depth, ad.stop_at, ad.prediction)
     return SequenceModel(
         encoder=encoder,
-        stack=Stack(blocks, schedule),
+        stack=stack,
         head=head,
         task=env.task.kind,
         pool=env.pool,
         d_model=m.d_model,
         final_norm=make_norm(m.final_norm, m.d_model, eps=m.block.norm_eps, **kw),
         time_length=env.input.length if env.input.include_time else None,
+        reshaper=reshaper,
+        adaptive=adaptive,
         spec=spec.resolved(),
     )
 
@@ -70,26 +85,40 @@ def _fmt(n: int) -> str:
     return f"{n:,}" + (f" ({n / 1000:.1f}K)" if n >= 1000 else "")
 
 
+def _head_weight_tied(model: SequenceModel) -> bool:
+    weight = getattr(model.head, "weight", None)
+    return weight is not None and any(p is weight for p in model.encoder.parameters())
+
+
 def summary(model: SequenceModel) -> str:
-    """Parameters per component, unique vs applied blocks, schedule and chosen backends."""
+    """Parameters per component, unique vs applied blocks, schedule, depth settings and backends."""
     spec = model.spec
     core = spec.get("model", {}).get("core", {})
-    blocks = model.stack.blocks
+    stack = model.stack
+    blocks = stack.blocks
     lines = [
         f"model: {spec.get('name') or core.get('kind', '?')}  task={model.task}  pool={model.pool}  d_model={model.d_model}",
-        f"stack: depth {model.stack.depth}, {len(blocks)} unique block(s), schedule {pattern(model.stack.schedule)}",
-        "parameters:",
-        f"  encoder     {_fmt(count_params(model.encoder))}",
+        f"stack: depth {stack.depth}, {len(blocks)} unique block(s), schedule {pattern(stack.schedule)}, period {stack.period}",
     ]
+    if model.reshaper is not None:
+        r = model.reshaper
+        lines.append(f"input: reshape {r.mode} c={r.c} (d={r.d}: {r.d} features per step -> {r.c} per model step)")
+    alpha = "learned (sigmoid, per unique block)" if stack.damping_logit is not None else f"{stack.alpha_fixed:g}"
+    lines.append(f"depth: damping α={alpha}, norms {stack.norms_mode}")
+    lines += ["parameters:", f"  encoder     {_fmt(count_params(model.encoder))}"]
     for i, block in enumerate(blocks):
-        uses = model.stack.schedule.count(i)
+        uses = stack.schedule.count(i)
         lines.append(f"  block {pattern([i])}     {_fmt(count_params(block))}  (core {_fmt(count_params(block.core))}; applied {uses}x)")
-    tied = any(p is model.head.weight for p in model.encoder.parameters())
+    if stack.position_norms is not None:
+        lines.append(f"  norms       {_fmt(count_params(stack.position_norms))}  (one set per depth position)")
+    if stack.damping_logit is not None:
+        lines.append(f"  damping     {_fmt(stack.damping_logit.numel())}")
+    tied = _head_weight_tied(model)
     head = count_params(model.head) - (model.head.weight.numel() if tied else 0)
     lines.append(f"  final norm  {_fmt(count_params(model.final_norm))}")
     lines.append(f"  head        {_fmt(head)}" + ("  (weight tied to the embedding)" if tied else ""))
     lines.append(f"  total       {_fmt(count_params(model))}")
-    applied = sum(count_params(blocks[i]) for i in model.stack.schedule)
+    applied = sum(count_params(blocks[i]) for i in stack.schedule)
     lines.append(f"  blocks: {_fmt(sum(count_params(b) for b in blocks))} unique, {_fmt(applied)} as applied over depth")
     chosen: dict[str, list[int]] = {}
     for i, block in enumerate(blocks):

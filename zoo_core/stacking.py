@@ -48,3 +48,13 @@ def pattern(schedule: list[int]) -> str:
     """The letter pattern of a schedule: [0, 1, 0, 1] -> 'ABAB'."""
     letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
     return "".join(letters[i] if i < 26 else f"[{i}]" for i in schedule)
+
+
+def schedule_period(schedule: list[int]) -> int:
+    """The smallest m dividing len(schedule) with schedule[i] == schedule[i mod m]: the period a
+    blockwise loss and adaptive inference step by (the depth itself for ABCDEF)."""
+    depth = len(schedule)
+    for m in range(1, depth + 1):
+        if depth % m == 0 and all(schedule[i] == schedule[i % m] for i in range(depth)):
+            return m
+    return depth

@@ -67,6 +67,8 @@ def validate_spec(data: Any, positions: Positions, *, registry: Registry | None 
     entry = _lookup(positions, ("model", "core", "kind"), lambda: registry.core(env.model.core.kind))
     params = _core_params(env, entry, positions)
     policy = _policy(env, registry, positions)
+    _check_depth(env, policy, positions)
+    _check_input(env, positions)
     _check_backend(params, entry, registry, positions)
     return Spec(env, entry, params, policy, positions)
 
@@ -114,6 +116,59 @@ def _policy(env: ModelSpec, registry: Registry, positions: Positions) -> Any:
     except SpecError as exc:
         raise spec_error(positions, ("model", "stacking", "period"), str(exc)) from None
     return policy
+
+
+def _check_depth(env: ModelSpec, policy: Any, positions: Positions) -> None:
+    """Damping, norms and adaptive settings against the depth and the schedule's period."""
+    from ..stacking import schedule_period
+
+    st, depth = env.model.stacking, env.model.depth
+    loc = ("model", "stacking")
+    if st.damping_init is not None and st.damping != "learned":
+        raise spec_error(positions, loc + ("damping_init",),
+                         "damping_init is the starting α of a learned damping; set damping: learned or remove damping_init")
+    ad = st.adaptive
+    if ad is None:
+        return
+    period = schedule_period(list(policy.schedule(depth)))
+    max_depth = depth if ad.max_depth is None else ad.max_depth
+    if ad.min_depth > max_depth:
+        which = "max_depth" if ad.max_depth is not None else "min_depth"
+        raise spec_error(positions, loc + ("adaptive", "min_depth"),
+                         f"min_depth {ad.min_depth} exceeds the maximum depth {max_depth}"
+                         + ("" if which == "max_depth" else " (max_depth defaults to the depth)")
+                         + "; lower min_depth or raise max_depth")
+    if ad.stop_at == "period" and max_depth % period:
+        raise spec_error(positions, loc + ("adaptive", "max_depth"),
+                         f"with stop_at: period, max_depth must be a multiple of the period {period} "
+                         f"(e.g. {max(period, max_depth - max_depth % period)}); got {max_depth}, or use stop_at: block")
+    if st.norms == "per_position" and max_depth > depth:
+        raise spec_error(positions, loc + ("adaptive", "max_depth"),
+                         f"norms: per_position keeps norms for the {depth} trained positions only, so max_depth "
+                         f"{max_depth} > depth has none for the extra positions; use norms: shared or max_depth ≤ {depth}")
+
+
+def _check_input(env: ModelSpec, positions: Positions) -> None:
+    """Reshaping, encoder and head against what the model reads and predicts."""
+    from ..reshape import reshape_error
+
+    inp, m = env.input, env.model
+    if inp.reshape is not None:
+        loc = ("input", "reshape", "c")
+        if inp.channels is None:
+            raise spec_error(positions, ("input", "reshape"), "input reshaping needs real features (input.channels), not tokens")
+        if env.pool == "none":
+            raise spec_error(positions, ("input", "reshape"),
+                             f"input reshaping changes the number of steps, so task kind {env.task.kind!r} (one output "
+                             "per step) cannot use it; it applies to pooled tasks (classification, regression)")
+        d = inp.channels + int(inp.include_time)
+        msg = reshape_error(d, inp.reshape.c)
+        if msg:
+            raise spec_error(positions, loc, msg + (" (d counts the time channel)" if inp.include_time else ""))
+    if inp.vocab_size is not None and m.encoder.kind != "linear":
+        raise spec_error(positions, ("model", "encoder", "kind"), "token inputs are embedded; model.encoder applies to real features only")
+    if m.tie_embeddings and m.head.kind != "linear":
+        raise spec_error(positions, ("model", "head", "kind"), "a tied head is the embedding matrix: use head kind linear")
 
 
 def _check_backend(params: BaseModel, entry: CoreEntry, registry: Registry, positions: Positions) -> None:

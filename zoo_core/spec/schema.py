@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .training import TrainingSpec
 
@@ -36,10 +36,21 @@ class TaskSpec(_Strict):
         return self
 
 
+class ReshapeSpec(_Strict):
+    """Input reshaping (seed 001 §3): flatten time × features and cut into c-wide model steps.
+
+    c > d concatenates c/d consecutive steps (d must divide c); c < d re-chunks each step over
+    several model steps (zero-padded at the end). d counts the time channel when it is on.
+    """
+
+    c: int = Field(gt=0, le=10**6, description="concentration factor: features per model step")
+
+
 class InputSpec(_Strict):
     """What the model reads: real features (``channels``) or tokens (``vocab_size``)."""
 
     channels: int | None = Field(None, gt=0, le=10**6)
+    reshape: ReshapeSpec | None = Field(None, description="input reshaping with concentration factor c (real features, pooled tasks)")
     vocab_size: int | None = Field(None, gt=1, le=10**7)
     include_time: bool = Field(False, description="prepend the time channel t_i = i / length as feature 0")
     length: int | None = Field(None, gt=0, le=10**8, description="nominal sequence length (the time channel's scale)")
@@ -54,9 +65,49 @@ class InputSpec(_Strict):
         return self
 
 
+class AdaptiveSpec(_Strict):
+    """Adaptive depth at inference (``SequenceModel.adaptive``); see zoo_core.adaptive."""
+
+    epsilon: float = Field(0.01, gt=0, description="stop when the relative change of successive predictions is below this")
+    max_depth: int | None = Field(None, gt=0, le=4096, description="most block applications (default: the depth; may exceed it)")
+    min_depth: int = Field(1, gt=0, le=4096, description="fewest block applications before a sample may stop")
+    stop_at: Literal["block", "period"] = Field("period", description="check after every block, or after complete periods only")
+    prediction: Literal["probabilities", "logits"] = Field(
+        "probabilities", description="classification: compare softmax probabilities (default) or logits")
+
+
 class StackingSpec(_Strict):
+    """Depth as data: the schedule (policy, period) and how reused blocks behave."""
+
     policy: str = Field("independent", description="a registered stacking policy (zoo list stacking)")
     period: int | None = Field(None, gt=0, le=4096, description="blocks per period (policy 'periodic')")
+    norms: Literal["shared", "per_position"] = Field(
+        "shared", description="a reused block's norms: shared across its positions (default, as the seed's code) or one set per depth position")
+    damping: float | Literal["learned"] = Field(
+        1.0, description="Krasnosel'skii–Mann h ← (1−α)h + α·f(h): α in (0, 1] (1 = plain), or 'learned' (sigmoid, per unique block)")
+    damping_init: float | None = Field(None, gt=0, lt=1, description="initial α when damping is 'learned' (default 0.9)")
+    adaptive: AdaptiveSpec | None = Field(None, description="defaults for adaptive depth at inference")
+
+    @field_validator("damping")
+    @classmethod
+    def _alpha(cls, v: float | str) -> float | str:
+        if isinstance(v, float) and not 0 < v <= 1:
+            raise ValueError(f"damping α must lie in (0, 1] (1 = the plain update) or be 'learned', got {v}")
+        return v
+
+
+class EncoderSpec(_Strict):
+    """The input map to d_model: ``linear``, or ``mlp`` = Linear → ReLU → Linear (the LrcSSM backbone's)."""
+
+    kind: Literal["linear", "mlp"] = "linear"
+    hidden: int | None = Field(None, gt=0, le=65536, description="mlp width (default d_model)")
+
+
+class HeadSpec(_Strict):
+    """The output map from d_model: ``linear``, or ``mlp`` = Linear → ReLU → Linear (the LrcSSM backbone's)."""
+
+    kind: Literal["linear", "mlp"] = "linear"
+    hidden: int | None = Field(None, gt=0, le=65536, description="mlp width (default d_model)")
 
 
 BLOCK_PRESETS: dict[str, dict[str, Any]] = {
@@ -68,13 +119,19 @@ BLOCK_PRESETS: dict[str, dict[str, Any]] = {
     # The same block with Equinox's EMA batch norm and no affine parameters, as the JAX code runs.
     "uea-ema": {"norm": "ema_batch", "norm_affine": False, "prenorm": True, "activation": "gelu_tanh",
                 "output": "glu", "dropout": 0.1, "residual": True},
+    # The LrcSSM backbone's block (models.md §12.3): u = LN(x); s = core(u); v = LN(s + u);
+    # y = v + MLP(v), LayerNorms without weight or bias (eps 1e-5), MLP Linear → ReLU → Linear.
+    "lrcssm": {"layout": "lrcssm", "norm": "layer", "norm_affine": False, "activation": "relu", "dropout": 0.0},
 }
+_RESIDUAL_ONLY = ("prenorm", "output", "residual")
 
 
 class BlockSpec(_Strict):
     """The residual block around each core; ``preset`` fills defaults, explicit keys win."""
 
-    preset: Literal["uea", "uea-ema"] | None = Field(None, description="a named block recipe (see BLOCK_PRESETS)")
+    preset: Literal["uea", "uea-ema", "lrcssm"] | None = Field(None, description="a named block recipe (see BLOCK_PRESETS)")
+    layout: Literal["residual", "lrcssm"] = Field(
+        "residual", description="residual: norm → core → act → out → residual; lrcssm: LN → core → LN(s + u) → + MLP")
     norm: Literal["layer", "rms", "batch", "ema_batch", "none"] = "layer"
     norm_affine: bool = True
     norm_eps: float = Field(1e-5, gt=0, lt=1, description="the norms' epsilon (block norms and the final norm)")
@@ -91,9 +148,19 @@ class BlockSpec(_Strict):
             return {**BLOCK_PRESETS[data["preset"]], **data}
         return data
 
+    @model_validator(mode="after")
+    def _layout_keys(self) -> BlockSpec:
+        if self.layout == "lrcssm":
+            bad = [k for k in _RESIDUAL_ONLY
+                   if k in self.model_fields_set and getattr(self, k) != type(self).model_fields[k].default]
+            if bad:
+                raise ValueError(f"block.{bad[0]} does not apply to layout 'lrcssm' (its order is fixed); remove it")
+        return self
+
     def recipe(self) -> dict[str, Any]:
-        """The keyword arguments of ``zoo_core.blocks.Block``."""
-        return self.model_dump(exclude={"preset"})
+        """The keyword arguments of the layout's block class (``zoo_core.blocks.make_block``)."""
+        exclude = {"preset", "layout"} | (set(_RESIDUAL_ONLY) | {"output"} if self.layout == "lrcssm" else set())
+        return self.model_dump(exclude=exclude)
 
 
 class CoreSpec(BaseModel):
@@ -111,8 +178,11 @@ class ModelBody(_Strict):
     stacking: StackingSpec = StackingSpec()
     block: BlockSpec = BlockSpec()
     core: CoreSpec
-    pool: Literal["mean", "last", "none"] | None = Field(
-        None, description="default: mean for classification/regression, none for sequence/lm"
+    encoder: EncoderSpec = EncoderSpec()
+    head: HeadSpec = HeadSpec()
+    pool: Literal["mean", "last", "mean_logits", "none"] | None = Field(
+        None, description="default: mean for classification/regression, none for sequence/lm; "
+                          "mean_logits: the head on every step, then the mean of its outputs"
     )
     final_norm: Literal["layer", "rms", "batch", "none"] = "none"
     tie_embeddings: bool = Field(False, description="lm only: the head reuses the embedding matrix")
@@ -135,7 +205,7 @@ class ModelSpec(_Strict):
             raise ValueError("model.tie_embeddings applies to task kind 'lm' only")
         pooled = self.task.kind in ("classification", "regression")
         if self.model.pool == "none" and pooled:
-            raise ValueError(f"task kind {self.task.kind!r} needs a pool (mean or last)")
+            raise ValueError(f"task kind {self.task.kind!r} needs a pool (mean, last or mean_logits)")
         if self.model.pool not in (None, "none") and not pooled:
             raise ValueError(f"task kind {self.task.kind!r} predicts every step: model.pool must be none")
         return self
