@@ -1,0 +1,567 @@
+"""Publish to and pull from the Hugging Face Hub, through ``huggingface_hub`` only.
+
+The client's own settings apply: ``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HOME`` / ``HF_HUB_CACHE`` and
+``HF_HUB_DISABLE_PROGRESS_BARS`` are read by ``huggingface_hub`` once, when it is imported (set
+them before). ``HF_HUB_OFFLINE`` is honoured even when set later: it turns every pull into a
+cache-only one.
+
+What this layer adds to the client:
+
+- revisions are resolved to commit shas and returned (``PullResult.commit``); ``--local-dir``
+  pulls also write it to ``zoo-pull.json``;
+- the sha256 of every pulled file is checked, against the registry's pin where one exists and
+  always against the content hash the Hub announced (the cache blob's name: sha256 for LFS files,
+  git sha1 for the others); the client checks only sizes. A file that fails is removed from the
+  cache (blob and pointer) and downloaded once more; a second failure is an error;
+- a transient failure (5xx, 408/429, dropped connection, truncated body) is retried
+  ``ZOO_HUB_RETRIES`` times in all (default 3) with exponential backoff from ``ZOO_HUB_BACKOFF``
+  seconds (default 1); the client alone does not retry a GET answered 5xx;
+- errors become ``HubError`` / ``CheckpointError`` / ``MissingPluginError`` with what to do;
+- progress bars only on a terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointError, ZooError
+from .catalogue import Catalogue, PretrainedEntry, load_catalogue, sha256_file
+from .errors import HubConnectionError, HubError, MissingPluginError
+from .refs import ModelRef, check_repo_id, check_revision, parse_ref
+
+log = logging.getLogger("zoo_core.hub")
+
+WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "README.md"
+PUSHED = (WEIGHTS, CONFIG, CARD)
+IMAGES = (".png", ".svg", ".jpg")
+RECORD = "zoo-pull.json"
+_TRANSIENT = {"ConnectError", "ConnectionError", "TransportError", "TimeoutException", "Timeout", "ReadTimeout",
+              "RemoteProtocolError", "ChunkedEncodingError", "ProtocolError", "ReadError", "IncompleteRead"}
+
+
+@dataclass
+class PullResult:
+    """Where a pulled model lies and exactly what it is.
+
+    ``commit`` is the resolved commit sha (None for bundled and local folders without a record);
+    ``files`` maps each file to its verified sha256; ``pinned`` says every file matched a registry pin.
+    """
+
+    ref: str
+    path: Path
+    source: str  # "hub", "bundled" or "local"
+    repo_id: str | None = None
+    revision: str | None = None
+    commit: str | None = None
+    files: dict[str, str] = field(default_factory=dict)
+    pinned: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "path": str(self.path)}
+
+
+@dataclass
+class PushResult:
+    """What a push created: the commit (or the pull request) on the Hub."""
+
+    repo_id: str
+    commit: str | None
+    commit_url: str | None
+    revision: str
+    pr_url: str | None = None
+    files: dict[str, str] = field(default_factory=dict)
+
+
+# environment and client helpers ---------------------------------------------------------------
+def _is_true(value: str | None) -> bool:
+    return (value or "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def is_offline(local_files_only: bool = False) -> bool:
+    """``local_files_only``, or ``HF_HUB_OFFLINE`` as the client read it at import or as set now."""
+    from huggingface_hub import constants
+
+    return bool(local_files_only or constants.HF_HUB_OFFLINE or _is_true(os.environ.get("HF_HUB_OFFLINE")))
+
+
+def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
+    from huggingface_hub import constants
+
+    return Path(cache_dir if cache_dir is not None else constants.HF_HUB_CACHE)
+
+
+@contextlib.contextmanager
+def _progress_bars() -> Iterator[None]:
+    """huggingface_hub's bars on a terminal; off when stderr is not one (logs, CI, pipes)."""
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    switch = not sys.stderr.isatty() and not are_progress_bars_disabled()
+    if switch:
+        disable_progress_bars()
+    try:
+        yield
+    finally:
+        if switch:
+            enable_progress_bars()
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
+def _status(exc: BaseException) -> int | None:
+    return getattr(getattr(exc, "response", None), "status_code", None)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A failure worth retrying: 5xx, 408, 429, a dropped or timed-out connection, a short body."""
+    for e in _chain(exc):
+        status = _status(e)
+        if status is not None:
+            return status in (408, 429) or status >= 500
+        if any(c.__name__ in _TRANSIENT for c in type(e).__mro__) or isinstance(e, (ConnectionError, TimeoutError)):
+            return True
+        if isinstance(e, OSError) and "Consistency check failed" in str(e):
+            return True
+    return False
+
+
+def _retrying(fn: Any, what: str) -> Any:
+    attempts = max(1, int(os.environ.get("ZOO_HUB_RETRIES", "3")))
+    delay = float(os.environ.get("ZOO_HUB_BACKOFF", "1.0"))
+    for i in range(attempts):
+        try:
+            return fn()
+        except Exception as exc:
+            if i == attempts - 1 or not is_transient(exc):
+                raise
+            wait = delay * 2**i
+            log.warning("%s failed (%s); retrying in %.1f s (%d of %d)", what, _short(exc), wait, i + 2, attempts)
+            time.sleep(wait)
+    raise AssertionError("unreachable")
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+# error translation ---------------------------------------------------------------------------
+def _cached_state(cache_dir: Path, repo_id: str) -> str:
+    """What the cache holds for a repo: its commits and which names point to them."""
+    folder = cache_dir / f"models--{repo_id.replace('/', '--')}"
+    snaps = sorted(p.name for p in (folder / "snapshots").glob("*")) if (folder / "snapshots").is_dir() else []
+    if not snaps:
+        return f"the cache ({cache_dir}) holds nothing of {repo_id}"
+    refs = {}
+    if (folder / "refs").is_dir():
+        for p in (folder / "refs").rglob("*"):
+            if p.is_file():
+                refs[str(p.relative_to(folder / "refs"))] = p.read_text().strip()
+    names = ", ".join(f"{k} -> {v[:12]}" for k, v in sorted(refs.items())) or "none: they were pulled by commit sha"
+    return (f"the cache holds commits {', '.join(snaps)} of {repo_id} (names known offline: {names}); "
+            f"load one of them by sha, e.g. hf-hub:{repo_id}@{snaps[0]}")
+
+
+def _refs_hint(repo_id: str, token: str | None) -> str:
+    from huggingface_hub import HfApi
+
+    try:
+        refs = HfApi(token=token).list_repo_refs(repo_id)
+    except Exception:  # noqa: BLE001 - a hint only
+        return ""
+    names = [b.name for b in refs.branches] + [t.name for t in refs.tags]
+    return f" Branches and tags there: {', '.join(sorted(names)) or '(none)'}."
+
+
+def _translate(exc: Exception, *, repo_id: str, revision: str, offline: bool, cache_dir: Path, token: str | None) -> ZooError:
+    from huggingface_hub import utils as hfu
+
+    where = f"{repo_id}@{revision}"
+    if isinstance(exc, hfu.LocalEntryNotFoundError) or (offline and isinstance(exc, (FileNotFoundError, hfu.EntryNotFoundError))):
+        if offline:
+            return HubError(f"offline (HF_HUB_OFFLINE or local_files_only) and {where} is not in the cache: "
+                            f"{_cached_state(cache_dir, repo_id)}. Or go online once: zoo pull hf-hub:{where}")
+        return HubConnectionError(f"could not reach the Hub to pull {where} and it is not cached ({_short(exc)}); "
+                                  "check the network or HF_ENDPOINT, then retry")
+    if isinstance(exc, hfu.GatedRepoError):
+        return HubError(f"{repo_id} is gated: accept its conditions on the Hub with the account of your token, then retry")
+    if isinstance(exc, hfu.RepositoryNotFoundError):
+        return HubError(f"repository {repo_id} was not found on the Hub (or it is private and your token cannot see it); "
+                        "check the spelling, or set HF_TOKEN to a token with access")
+    if isinstance(exc, hfu.RevisionNotFoundError):
+        return HubError(f"revision {revision!r} does not exist in {repo_id}.{_refs_hint(repo_id, token)}")
+    if isinstance(exc, hfu.EntryNotFoundError):
+        return CheckpointError(f"{where} holds no {WEIGHTS}; it is not a model saved by SSM Zoo")
+    if isinstance(exc, hfu.HfHubHTTPError) and _status(exc) in (401, 403):
+        return HubError(f"the Hub refused the token ({_status(exc)}) for {repo_id}: it is invalid, expired or lacks "
+                        "write access; create a write token and set HF_TOKEN (or run `hf auth login`)")
+    if is_transient(exc):
+        return HubConnectionError(f"the Hub kept failing for {where} after retries ({_short(exc)}); nothing partial "
+                                  "was kept in the cache; retry later")
+    return HubError(f"the Hub request for {where} failed: {_short(exc)}")
+
+
+# pulling ---------------------------------------------------------------------------------------
+def _git_sha1(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _announced_etag(folder: Path, name: str, local_dir: bool) -> str | None:
+    """The content hash the Hub announced for a pulled file (LFS: sha256; regular: git sha1)."""
+    if local_dir:
+        meta = folder / ".cache" / "huggingface" / "download" / f"{name}.metadata"
+        lines = meta.read_text().splitlines() if meta.is_file() else []
+        return lines[1].strip() if len(lines) > 1 else None
+    target = Path(os.path.realpath(folder / name))
+    return target.name if target != (folder / name).absolute() else None
+
+
+def _verify(folder: Path, names: list[str], pins: Mapping[str, str], local_dir: bool) -> tuple[dict[str, str], dict[str, str]]:
+    """(sha256 per file, reason per file that failed)."""
+    hashes: dict[str, str] = {}
+    bad: dict[str, str] = {}
+    for name in names:
+        path = folder / name
+        digest = sha256_file(path)
+        hashes[name] = digest
+        etag = _announced_etag(folder, name, local_dir)
+        if name in pins and digest != pins[name]:
+            bad[name] = f"sha256 {digest[:16]}... but registry.yaml pins {pins[name][:16]}..."
+        elif etag and len(etag) == 64 and digest != etag:
+            bad[name] = f"sha256 {digest[:16]}... but the Hub announced {etag[:16]}..."
+        elif etag and len(etag) == 40 and _git_sha1(path) != etag:
+            bad[name] = f"git sha1 differs from the {etag[:16]}... the Hub announced"
+    return hashes, bad
+
+
+def _evict(folder: Path, name: str, local_dir: bool) -> None:
+    """Remove a bad file: the blob and the pointer in the cache, or the file and its metadata."""
+    path = folder / name
+    if local_dir:
+        meta = folder / ".cache" / "huggingface" / "download" / f"{name}.metadata"
+        for p in (path, meta):
+            p.unlink(missing_ok=True)
+        return
+    blob = Path(os.path.realpath(path))
+    path.unlink(missing_ok=True)
+    if blob != path.absolute():
+        blob.unlink(missing_ok=True)
+
+
+def _local_commit(folder: Path) -> str | None:
+    meta = folder / ".cache" / "huggingface" / "download" / f"{WEIGHTS}.metadata"
+    lines = meta.read_text().splitlines() if meta.is_file() else []
+    return lines[0].strip() if lines else None
+
+
+def _listed(repo_id: str, commit: str | None, token: str | None, offline: bool) -> bool:
+    """Whether the Hub lists the weights at ``commit`` (a failed download vs a repo without weights)."""
+    from huggingface_hub import HfApi
+
+    if offline or commit is None:
+        return offline  # offline: a partial snapshot in the cache; report it as such
+    try:
+        info = HfApi(token=token).model_info(repo_id, revision=commit)
+    except Exception as exc:
+        raise HubConnectionError(f"{repo_id}@{commit}: the pull did not complete and the Hub is unreachable ({_short(exc)})") from exc
+    return any(s.rfilename == WEIGHTS for s in info.siblings or [])
+
+
+def _download(repo_id: str, revision: str, *, cache_dir: Path, local_dir: Path | None, offline: bool,
+              token: str | None, force_download: bool) -> tuple[Path, str | None]:
+    from huggingface_hub import snapshot_download
+
+    kw: dict[str, Any] = {"repo_id": repo_id, "revision": revision, "token": token, "local_files_only": offline,
+                          "force_download": force_download, "allow_patterns": [*PUSHED, *(f"*{s}" for s in IMAGES)]}
+    if local_dir is not None:
+        kw["local_dir"] = str(local_dir)
+    else:
+        kw["cache_dir"] = str(cache_dir)
+    with _progress_bars():
+        path = Path(_retrying(lambda: snapshot_download(**kw), f"pulling {repo_id}@{revision}"))
+    commit = _local_commit(path) if local_dir is not None else path.name
+    return path, commit
+
+
+def pull_hub(repo_id: str, revision: str | None = None, *, pins: Mapping[str, str] | None = None,
+             cache_dir: str | os.PathLike[str] | None = None, local_dir: str | os.PathLike[str] | None = None,
+             local_files_only: bool = False, token: str | None = None, force_download: bool = False,
+             ref: str | None = None) -> PullResult:
+    """Pull ``repo_id`` at ``revision`` (default ``main``) into the HF cache (or ``local_dir``) and verify it."""
+    check_repo_id(repo_id)
+    revision = check_revision(revision or "main")
+    pins = dict(pins or {})
+    offline = is_offline(local_files_only)
+    cache = _cache_dir(cache_dir)
+    ldir = Path(local_dir) if local_dir is not None else None
+    for attempt in (1, 2):
+        try:
+            folder, commit = _download(repo_id, revision, cache_dir=cache, local_dir=ldir, offline=offline,
+                                       token=token, force_download=force_download and attempt == 1)
+        except ZooError:
+            raise
+        except Exception as exc:
+            raise _translate(exc, repo_id=repo_id, revision=revision, offline=offline, cache_dir=cache, token=token) from exc
+        present = sorted(n for n in os.listdir(folder) if (folder / n).is_file() and n != RECORD)
+        if WEIGHTS not in present:
+            if _listed(repo_id, commit, token, offline) and attempt == 1:
+                continue  # older clients return a partial snapshot when a download fails: try once more
+            if _listed(repo_id, commit, token, offline):
+                raise HubConnectionError(f"{repo_id}@{commit}: {WEIGHTS} could not be downloaded (the Hub lists it); retry later")
+            raise CheckpointError(f"{repo_id}@{commit} holds no {WEIGHTS} ({', '.join(present) or 'no files'})"
+                                  + ("; go online to complete the pull" if offline else "; it is not a model saved by SSM Zoo"))
+        missing = sorted(set(pins) - set(present))
+        if missing:
+            raise CheckpointError(f"{repo_id}@{commit} lacks {', '.join(missing)}, which registry.yaml pins")
+        hashes, bad = _verify(folder, present, pins, ldir is not None)
+        if not bad:
+            break
+        for name in bad:
+            _evict(folder, name, ldir is not None)
+        detail = "; ".join(f"{n}: {why}" for n, why in sorted(bad.items()))
+        if attempt == 2 or offline:
+            raise CheckpointError(f"{repo_id}@{commit}: {detail}. The bad files were removed from the cache and not "
+                                  "loaded" + ("; go online to download them again" if offline else "; the download failed twice"))
+        log.warning("%s@%s: %s; removed from the cache, downloading again", repo_id, commit, detail)
+    result = PullResult(ref or f"hf-hub:{repo_id}@{revision}", folder, "hub", repo_id, revision, commit, hashes,
+                        pinned=bool(pins) and set(pins) >= set(hashes))
+    if ldir is not None:
+        from ..io.atomic import atomic_write_file
+
+        atomic_write_file(ldir / RECORD, (json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n").encode())
+    return result
+
+
+def _pull_bundled(entry: PretrainedEntry) -> PullResult:
+    assert entry.bundled is not None
+    present = sorted(n for n in os.listdir(entry.bundled) if (entry.bundled / n).is_file())
+    hashes = {n: sha256_file(entry.bundled / n) for n in present}
+    bad = sorted(n for n, d in entry.files.items() if hashes.get(n) != d)
+    if bad:
+        raise CheckpointError(f"{entry.name}: the bundled copy in {entry.bundled} does not match registry.yaml's sha256 "
+                              f"pins for {', '.join(bad)}; restore it (git checkout -- {entry.bundled}) or pull from the Hub")
+    return PullResult(entry.name, entry.bundled, "bundled", entry.hub_repo, entry.revision, entry.revision, hashes,
+                      pinned=set(entry.files) >= set(hashes))
+
+
+def _pull_local(ref: ModelRef) -> PullResult:
+    assert ref.path is not None
+    folder = ref.path
+    if not (folder / WEIGHTS).is_file():
+        raise HubError(f"{ref.text}: {folder} holds no {WEIGHTS}; give a folder written by save_pretrained or zoo pull --local-dir")
+    record = json.loads((folder / RECORD).read_text()) if (folder / RECORD).is_file() else {}
+    hashes = {n: sha256_file(folder / n) for n in PUSHED if (folder / n).is_file()}
+    bad = sorted(n for n, d in record.get("files", {}).items() if n in hashes and hashes[n] != d)
+    if bad:
+        raise CheckpointError(f"{folder}: {', '.join(bad)} changed since it was pulled (sha256 differs from {RECORD}); pull it again")
+    return PullResult(ref.text, folder, "local", record.get("repo_id"), record.get("revision"), record.get("commit"), hashes)
+
+
+def pull(ref: str, *, revision: str | None = None, cache_dir: str | os.PathLike[str] | None = None,
+         local_dir: str | os.PathLike[str] | None = None, local_files_only: bool = False, token: str | None = None,
+         force_download: bool = False, source: str = "auto", catalogue: Catalogue | None = None) -> PullResult:
+    """Fetch the files of a model reference and verify them; nothing is built or loaded.
+
+    Args:
+        ref: ``arch``, ``arch.tag``, ``hf-hub:org/name[@revision]`` or ``local-dir:path``.
+        source: for catalogue names: ``auto`` (the bundled copy when it ships and no ``local_dir``
+            is asked for, else the Hub at the pinned commit), ``hub`` or ``bundled``.
+    """
+    if source not in ("auto", "hub", "bundled"):
+        raise HubError(f"source must be 'auto', 'hub' or 'bundled', not {source!r}")
+    r = parse_ref(ref, revision=revision)
+    if r.kind == "local":
+        return _pull_local(r)
+    if r.kind == "hub":
+        assert r.repo_id is not None
+        return pull_hub(r.repo_id, r.revision, cache_dir=cache_dir, local_dir=local_dir, local_files_only=local_files_only,
+                        token=token, force_download=force_download, ref=r.text)
+    entry = (catalogue or load_catalogue()).get(r.name or "")
+    bundled_ok = entry.bundled is not None and entry.bundled.is_dir()
+    if source == "bundled" or (source == "auto" and bundled_ok and local_dir is None) or (source == "auto" and not entry.hub_repo):
+        if entry.bundled is None or not bundled_ok:
+            raise HubError(f"{entry.name}: no bundled copy ships here ({entry.bundled or 'none catalogued'}); pull it from the Hub")
+        return _pull_bundled(entry)
+    if not entry.hub_repo:
+        raise HubError(f"{entry.name} has no Hub source in registry.yaml; only its bundled copy can be used")
+    return pull_hub(entry.hub_repo, entry.revision, pins=entry.files, cache_dir=cache_dir, local_dir=local_dir,
+                    local_files_only=local_files_only, token=token, force_download=force_download, ref=entry.name)
+
+
+# building ----------------------------------------------------------------------------------------
+def check_plugins(folder: Path, *, where: str, registry: Any = None) -> None:
+    """Refuse, with the install command, weights whose core's plugin is not installed."""
+    from ..plugins import get_registry
+    from ..registry import KNOWN_PLUGINS
+
+    path = folder / CONFIG
+    if not path.is_file():
+        return  # read_folder's own check names the plugin from the weights' metadata
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+        kind = config["spec"]["model"]["core"]["kind"]
+    except (ValueError, KeyError, TypeError):
+        return  # malformed: read_folder reports it precisely
+    reg = registry or get_registry()
+    if kind in reg.cores:
+        return
+    versions = {k: v for k, v in (config.get("versions") or {}).items() if k not in ("zoo-core", "torch")}
+    dist = KNOWN_PLUGINS.get(kind) or next(iter(versions), None)
+    if dist is None:
+        raise MissingPluginError(f"{where} holds weights for core {kind!r}, which no installed plugin provides and "
+                                 "no known plugin is named for; install the plugin its author publishes, then retry")
+    pinned = f"{dist}=={versions[dist]}" if dist in versions else dist
+    raise MissingPluginError(f"{where} holds weights for core {kind!r} from the plugin {dist}"
+                             f"{' ' + versions[dist] if dist in versions else ''}, which is not installed: "
+                             f"pip install {pinned} (or pip install -e plugins/{dist} from a checkout)")
+
+
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
+def _load_matching(model: Any, tensors: Mapping[str, Any], info: Mapping[str, Any], source: str) -> None:
+    """strict=False: copy the tensors whose name and shape fit; log the rest."""
+    import torch
+
+    from ..io.pretrained import _unique_tensors
+
+    own, _ = _unique_tensors(model)
+    skipped = sorted(set(tensors) - set(own))
+    with torch.no_grad():
+        for name, target in own.items():
+            value = tensors.get(name)
+            if value is not None and target.is_complex() and tuple(value.shape) == (*target.shape, 2):
+                value = torch.view_as_complex(value.contiguous())
+            if value is None or tuple(value.shape) != tuple(target.shape):
+                skipped.append(name)
+                continue
+            target.copy_(value)
+    if skipped:
+        log.warning("%s: strict=False left %d tensors as initialised or unused: %s", source, len(skipped), ", ".join(skipped[:20]))
+
+
+def create_model(ref: str, pretrained: bool = True, *, revision: str | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None, local_files_only: bool = False,
+                 token: str | None = None, force_download: bool = False, strict: bool = True,
+                 device: Any = None, registry: Any = None, source: str = "auto",
+                 catalogue: Catalogue | None = None, **overrides: Any) -> Any:
+    """Build a model from a reference, with its trained weights when ``pretrained``.
+
+    ``overrides`` are merged into the spec (``task={"classes": 5}``, ``model={"depth": 2}``); with
+    ``strict=True`` (the default) every stored tensor must then still fit, else the mismatches are
+    listed. ``pretrained=False`` builds the same architecture with fresh weights.
+    """
+    from ..build import build_model
+    from ..io.pretrained import load_pretrained, load_weights, read_folder
+
+    r = parse_ref(ref, revision=revision)
+    if not pretrained and r.kind in ("arch", "tag"):
+        entry = (catalogue or load_catalogue()).get(r.name or "")
+        return build_model(_merge(entry.spec, overrides), registry=registry, device=device)
+    got = pull(ref, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only, token=token,
+               force_download=force_download, source=source, catalogue=catalogue)
+    where = f"{got.repo_id}@{got.commit}" if got.repo_id else str(got.path)
+    check_plugins(got.path, where=where, registry=registry)
+    if pretrained and strict and not overrides:
+        return load_pretrained(got.path, device=device, registry=registry)
+    tensors, info = read_folder(got.path)
+    try:
+        model = build_model(_merge(info["spec"], overrides), registry=registry, device=device)
+    except ZooError as exc:
+        raise CheckpointError(f"{where}: the stored spec cannot be built here: {exc}") from None
+    if pretrained:
+        source_name = str(got.path / WEIGHTS)
+        (load_weights if strict else _load_matching)(model, tensors, info, source=source_name)
+    return model.eval()
+
+
+# pushing -----------------------------------------------------------------------------------------
+def _stage(model_or_dir: Any, staging: Path, repo_id: str) -> dict[str, str]:
+    """Write what will be pushed into ``staging``; returns sha256 per file."""
+    from ..io.pretrained import read_folder, save_pretrained
+    from .card import render_card
+
+    if isinstance(model_or_dir, (str, os.PathLike)):
+        src = Path(model_or_dir)
+        if not src.is_dir():
+            raise HubError(f"{src} is not a folder; push a folder written by save_pretrained, or a model")
+    else:
+        src = staging.parent / "saved"
+        save_pretrained(model_or_dir, src)
+    tensors, info = read_folder(src)  # never publish weights that would not load
+    staging.mkdir()
+    for name in os.listdir(src):
+        if name in PUSHED or name.endswith(IMAGES):
+            shutil.copyfile(src / name, staging / name)
+    if not (staging / CONFIG).is_file():
+        raise HubError(f"{src} has no {CONFIG}; save it again with save_pretrained (Hub tooling reads config.json)")
+    if not (staging / CARD).is_file():
+        card = render_card(name=repo_id.split("/")[1], spec=info["spec"], versions=info["versions"], repo_id=repo_id,
+                           num_params=sum(int(t.numel()) for t in tensors.values()))
+        (staging / CARD).write_text(card, encoding="utf-8")
+    return {n: sha256_file(staging / n) for n in sorted(os.listdir(staging))}
+
+
+def push_to_hub(model_or_dir: Any, repo_id: str, *, revision: str | None = None, private: bool | None = None,
+                commit_message: str | None = None, create_pr: bool = False, token: str | None = None) -> PushResult:
+    """Publish a model (or a saved folder) as one commit: ``model.safetensors``, ``config.json``, ``README.md``.
+
+    The folder is checked strictly first (weights that would not load are never published). A
+    missing ``README.md`` is generated with ``render_card``. ``revision`` names a branch, created
+    from ``main`` if missing; ``create_pr`` opens a pull request against it instead of committing.
+    """
+    from huggingface_hub import HfApi, get_token
+
+    check_repo_id(repo_id)
+    branch = check_revision(revision) if revision else "main"
+    token = token or get_token()
+    if not token:
+        raise HubError("pushing needs a Hub token with write access: set HF_TOKEN, pass token=, or run `hf auth login`")
+    with tempfile.TemporaryDirectory(prefix="zoo-push-") as tmp:
+        staging = Path(tmp) / "push"
+        files = _stage(model_or_dir, staging, repo_id)
+        api = HfApi(token=token)
+        try:
+            repo_kw = {} if private is None else {"private": private}
+            _retrying(lambda: api.create_repo(repo_id, repo_type="model", exist_ok=True, **repo_kw), f"creating {repo_id}")
+            if branch != "main":
+                _retrying(lambda: api.create_branch(repo_id, branch=branch, exist_ok=True), f"creating branch {branch}")
+            message = commit_message or f"Upload {repo_id.split('/')[1]} with SSM Zoo"
+            with _progress_bars():  # a retried commit whose first try landed is a no-op: the client skips unchanged files
+                info = _retrying(lambda: api.upload_folder(repo_id=repo_id, folder_path=str(staging), revision=branch,
+                                                           create_pr=create_pr, commit_message=message), f"pushing to {repo_id}")
+        except Exception as exc:
+            raise _translate(exc, repo_id=repo_id, revision=branch, offline=False, cache_dir=_cache_dir(None), token=token) from exc
+    return PushResult(repo_id, getattr(info, "oid", None), getattr(info, "commit_url", None), branch,
+                      getattr(info, "pr_url", None), files)
