@@ -51,6 +51,10 @@ def _rows(kind: str) -> list[dict[str, Any]]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    if args.pretrained:
+        from .hub.cli import cmd_list_pretrained
+
+        return cmd_list_pretrained(args)
     kinds = [args.kind] if args.kind else list(LIST_KINDS)
     table = {k: [r for r in _rows(k) if fnmatch.fnmatch(r["name"], args.pattern)] for k in kinds}
     if args.json:
@@ -100,7 +104,13 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     reg = _registry()
     found = _info_matches(reg, args.name)
-    if not found:
+    if not found:  # arch.tag: a pretrained model in registry.yaml's catalogue?
+        from .hub.cli import cmd_info_pretrained
+
+        try:
+            return cmd_info_pretrained(args)
+        except UnknownNameError:
+            pass
         names = [*reg.cores, *reg.presets(), *reg.discretizers, *reg.stacking_policies, *(n for _, n in reg.backends)]
         raise UnknownNameError(f"nothing is registered as {args.name!r};{did_you_mean(args.name, names)} see `zoo list`.")
     if args.json:
@@ -182,6 +192,7 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("list", help="list registered cores, presets, backends, discretizers, stacking policies")
     s.add_argument("pattern", nargs="?", default="*", help="wildcard filter on names, e.g. 's4d*'")
     s.add_argument("--kind", choices=LIST_KINDS)
+    s.add_argument("--pretrained", action="store_true", help="list the pretrained tags of registry.yaml instead")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_list)
     s = sub.add_parser("info", help="details of one registered name (core, preset, backend, ...)")
@@ -211,8 +222,21 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--index", type=int, default=0, help="which test sequence")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(fn=cmd_stream)
+    _builtin_commands(sub)
     _plugin_commands(sub)
     return p
+
+
+# zoo-core's own command groups, each a module with ``register_cli(subparsers)`` that imports
+# nothing heavy at load time (``zoo --help`` stays torch-free).
+BUILTIN_COMMANDS = ("zoo_core.train.cli", "zoo_core.hub.cli")
+
+
+def _builtin_commands(sub: Any) -> None:
+    import importlib
+
+    for name in BUILTIN_COMMANDS:
+        importlib.import_module(name).register_cli(sub)
 
 
 def _plugin_commands(sub: Any) -> None:
