@@ -1,0 +1,61 @@
+"""Mamba's params model: the constructor's keyword arguments (torch-free).
+
+Names and defaults are mamba_ssm's ``Mamba`` (models.md §9.5); ``tv_dt``/``tv_B``/``tv_C``/``use_D``
+are MambaSL's switches (§11): a false ``tv_*`` makes that quantity time-invariant.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from zoo_core.params import CoreParams
+
+
+class MambaParams(CoreParams):
+    d_state: int = Field(16, ge=1, le=1024, description="state size N per inner channel")
+    d_conv: int = Field(4, ge=1, le=1024, description="kernel width K of the causal depthwise convolution")
+    expand: int = Field(2, ge=1, le=64, description="inner width Di = expand · d_model")
+    dt_rank: Literal["auto"] | int = Field(
+        "auto", description="rank R of Δ's projection; 'auto' is ceil(d_model / 16)"
+    )
+    dt_min: float = Field(1e-3, gt=0.0, allow_inf_nan=False, description="smallest initial Δ (log-uniform init)")
+    dt_max: float = Field(0.1, gt=0.0, allow_inf_nan=False, description="largest initial Δ (log-uniform init)")
+    dt_init: Literal["random", "constant"] = Field(
+        "random", description="dt_proj.weight init: U[±dt_scale/√R] ('random') or the constant dt_scale/√R"
+    )
+    dt_scale: float = Field(1.0, gt=0.0, allow_inf_nan=False, description="scale of dt_proj.weight's init")
+    dt_init_floor: float = Field(1e-4, ge=0.0, allow_inf_nan=False, description="lower clamp of the initial Δ")
+    conv_bias: bool = Field(True, description="the convolution has a bias")
+    bias: bool = Field(False, description="in_proj and out_proj have biases")
+    tv_dt: bool = Field(True, description="Δ depends on the input (false: Δ = softplus(dt_proj.bias), MambaSL)")
+    tv_B: bool = Field(True, description="B depends on the input (false: a learned (Di, N) matrix, MambaSL)")
+    tv_C: bool = Field(True, description="C depends on the input (false: a learned (Di, N) matrix, MambaSL)")
+    use_D: bool = Field(True, description="the D skip connection (MambaSL's classifier drops it)")
+
+    @model_validator(mode="after")
+    def _check(self) -> MambaParams:
+        if self.dt_min > self.dt_max:
+            raise ValueError(f"dt_min ({self.dt_min}) must not exceed dt_max ({self.dt_max}); e.g. dt_min: 0.001, dt_max: 0.1")
+        d_inner = self.expand * self.d_model
+        if d_inner > 262_144:
+            raise ValueError(f"expand · d_model = {self.expand} · {self.d_model} = {d_inner} inner channels is more than 262144; lower expand")
+        if isinstance(self.dt_rank, int):
+            if not self.tv_dt:
+                raise ValueError("dt_rank is set but tv_dt is false: a time-invariant Δ has no projection; drop dt_rank or set tv_dt: true")
+            if not 1 <= self.dt_rank <= d_inner:
+                raise ValueError(
+                    f"dt_rank {self.dt_rank} must be between 1 and the inner width expand · d_model = {d_inner} "
+                    f"(it is the rank of Δ's bottleneck); 'auto' gives ceil(d_model / 16) = {math.ceil(self.d_model / 16)}"
+                )
+        return self
+
+    @property
+    def d_inner(self) -> int:
+        return self.expand * self.d_model
+
+    def rank(self) -> int:
+        """dt_rank with 'auto' resolved."""
+        return math.ceil(self.d_model / 16) if self.dt_rank == "auto" else int(self.dt_rank)

@@ -1,0 +1,78 @@
+"""Registers the Mamba core, its selective-scan backends and the Mamba checkpoint converters.
+
+Metadata only: model code is imported when a model is built (or a backend/converter is used).
+"""
+
+from __future__ import annotations
+
+from zoo_core import hookimpl
+
+from .params import MambaParams
+
+zoo_api = 1
+
+# Selective (input-dependent): no "lti". Δ is an input-dependent function, not a step size that a
+# sampling rate could rescale, so no "continuous_time".
+CAPABILITIES = ("step", "initial_state")
+
+CARD = """Mamba-1 (Gu & Dao 2024): a selective state space mixer. in_proj to (x, z), causal
+depthwise conv1d + SiLU, x_proj to (Δ-rank, B, C), Δ = softplus(dt_proj(·)), A = −exp(A_log)
+(S4D-real init), h_t = exp(Δ_t A) h_{t−1} + Δ_t x_t B_t, y = C h + D x, gated by SiLU(z), out_proj.
+B̄ = Δ·B as all the reference code computes (not the paper's zero-order hold). Parameter names equal
+transformers' MambaMixer, so transformers and mamba_ssm checkpoints convert by renaming
+(`zoo convert`). MambaSL's switches make Δ, B or C time-invariant and drop D (preset `mambasl`).
+Backends: selective-naive (the loop, the reference), selective-chunked (`scan`: chunked, recomputing
+backward, CPU-fast), selective-cuda (`cuda`: mamba-ssm's fused kernel on GPUs, when installed)."""
+
+PRESETS = {
+    "tiny": {"d_state": 3, "d_conv": 3, "expand": 2},  # odd sizes for tests
+    "130m": {"d_state": 16, "d_conv": 4, "expand": 2},  # the mamba-130m mixer (d_model 768, 24 layers)
+    # MambaSL (models.md §11), Heartbeat's best: time-invariant Δ, B and C, no D, expand 1.
+    "mambasl": {"d_state": 16, "d_conv": 4, "expand": 1, "tv_dt": False, "tv_B": False, "tv_C": False, "use_D": False},
+    # MambaSL, SelfRegulationSCP2's best: everything input-dependent, no D, expand 1.
+    "mambasl-tv": {"d_state": 16, "d_conv": 4, "expand": 1, "use_D": False},
+}
+
+
+def _selective(p):  # type: ignore[no-untyped-def]
+    if p.structure != "selective":
+        return f"it computes Mamba's selective scan (structure 'selective'), not a {p.structure!r} recurrence"
+    return None
+
+
+def _cuda(p):  # type: ignore[no-untyped-def]
+    reason = _selective(p)
+    if reason is None and p.device != "cuda":
+        reason = f"mamba-ssm's fused kernel runs on CUDA tensors only, not {p.device!r}"
+    if reason is None:
+        from .scan import cuda_runtime_reason  # imports torch and mamba_ssm: only when asked
+
+        reason = cuda_runtime_reason()
+    return reason
+
+
+@hookimpl
+def zoo_register_cores(register):  # type: ignore[no-untyped-def]
+    register("mamba", "zoo_mamba.core:Mamba", params=MambaParams, presets=PRESETS, capabilities=CAPABILITIES, card=CARD)
+
+
+@hookimpl
+def zoo_register_backends(register):  # type: ignore[no-untyped-def]
+    register("selective-naive", "scan", "zoo_mamba.scan:selective_scan_naive", priority=0, supports=_selective,
+             description="Mamba's selective scan, reference: the sequential loop under autograd, float32 accumulation")
+    register("selective-chunked", "scan", "zoo_mamba.scan:selective_scan_chunked", priority=10, supports=_selective,
+             description="Mamba's selective scan in chunks with a recomputing backward (reverse scan per chunk); "
+                         "never holds B·L·D·N; spec name 'scan'")
+    register("selective-cuda", "scan", "zoo_mamba.scan:selective_scan_cuda", priority=20, supports=_cuda,
+             requires=("mamba_ssm",),
+             description="Mamba's selective scan by mamba-ssm's fused CUDA kernel (GPU tensors, after a run-time "
+                         "check); optional: pip install mamba-ssm; spec name 'cuda'")
+
+
+@hookimpl
+def zoo_register_converters(register):  # type: ignore[no-untyped-def]
+    register("transformers-mamba", "zoo_mamba.convert:TRANSFORMERS",
+             description="Hugging Face transformers MambaForCausalLM folders (config.json + model.safetensors)")
+    register("mamba-ssm", "zoo_mamba.convert:MAMBA_SSM",
+             description="state-spaces/mamba (mamba_ssm) MambaLMHeadModel folders (config.json + pytorch_model.bin, "
+                         "read with torch's weights-only loader)")

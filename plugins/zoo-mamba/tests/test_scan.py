@@ -1,0 +1,243 @@
+"""The selective-scan backends: every one equals the naive loop in outputs, final state and all
+gradients (float64), at odd lengths and chunk boundaries; the naive loop equals transformers' own
+torch path; the chunked backward never holds B·L·Di·N; auto never picks the CUDA kernel on a CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+import torch
+
+from zoo_core.backends import resolve
+from zoo_core.errors import BackendUnavailableError, UnknownNameError
+from zoo_core.plugins import get_registry
+from zoo_core.registry import Problem
+from zoo_mamba import scan as S
+from zoo_mamba.core import Mamba
+
+F64 = torch.float64
+
+
+def make(Bt=2, L=37, Di=5, N=3, *, static_B=False, static_C=False, D=True, h0=True, dtype=F64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=dtype)  # noqa: E731
+    args = {
+        "u": r(Bt, L, Di),
+        "delta": torch.nn.functional.softplus(r(Bt, L, Di) - 1),
+        "A": -torch.exp(r(Di, N) * 0.5),
+        "B": r(Di, N) if static_B else r(Bt, L, N),
+        "C": r(Di, N) if static_C else r(Bt, L, N),
+        "D": r(Di) if D else None,
+        "h0": r(Bt, Di, N) if h0 else None,
+    }
+    return {k: (v.requires_grad_() if v is not None else None) for k, v in args.items()}
+
+
+def run(fn, args, seed=1):
+    """Outputs, final state and the gradient of every input for random cotangents on y and h."""
+    y, h = fn(**args)
+    g = torch.Generator().manual_seed(seed)
+    gy = torch.randn(y.shape, generator=g, dtype=F64).to(y.dtype)  # drawn in float64: the same for every dtype
+    gh = torch.randn(h.shape, generator=g, dtype=F64).to(h.dtype)
+    names = [k for k, v in args.items() if v is not None]
+    grads = torch.autograd.grad((y * gy).sum() + (h * gh).sum(), [args[k] for k in names])
+    return {"y": y, "h_last": h, **{f"grad {k}": v for k, v in zip(names, grads)}}
+
+
+def assert_same(ref, out, tol=1e-10):
+    assert set(ref) == set(out)
+    for k in ref:
+        err = ((out[k] - ref[k]).norm() / ref[k].norm().clamp_min(1e-30)).item()
+        assert err < tol, f"{k}: relative error {err:.2e}"
+
+
+FAST = {
+    "chunked-default": S.selective_scan_chunked,
+    "chunked-1": lambda **a: S.selective_scan_chunked(**a, chunk=1),
+    "chunked-5": lambda **a: S.selective_scan_chunked(**a, chunk=5),
+    "chunked-16": lambda **a: S.selective_scan_chunked(**a, chunk=16),
+    "cuda-on-cpu": S.selective_scan_cuda,  # falls back to the chunked path for CPU tensors
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAST))
+@pytest.mark.parametrize("L", [1, 5, 16, 17, 37, 80])
+def test_backends_equal_naive_time_varying(name, L):
+    args = make(L=L)
+    assert_same(run(S.selective_scan_naive, args), run(FAST[name], args))
+
+
+@pytest.mark.parametrize("name", ["chunked-default", "chunked-5"])
+@pytest.mark.parametrize("static_B,static_C,D,h0", [(True, True, False, False), (True, False, True, True),
+                                                    (False, True, False, True), (False, False, False, False)])
+def test_backends_equal_naive_mambasl_switches(name, static_B, static_C, D, h0):
+    args = make(L=23, static_B=static_B, static_C=static_C, D=D, h0=h0)
+    assert_same(run(S.selective_scan_naive, args), run(FAST[name], args))
+
+
+def test_chunked_passes_gradcheck():
+    args = make(Bt=2, L=9, Di=3, N=2)
+    keys = list(args)
+    fn = lambda *a: S.selective_scan_chunked(**dict(zip(keys, a)), chunk=4)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, tuple(args.values()), eps=1e-6, atol=1e-7)
+    args = make(Bt=2, L=7, Di=3, N=2, static_B=True, static_C=True)
+    assert torch.autograd.gradcheck(fn, tuple(args.values()), eps=1e-6, atol=1e-7)
+
+
+def test_float32_inputs_agree_with_float64_and_keep_dtypes():
+    args64 = make(L=50)
+    args32 = {k: (v.detach().float().requires_grad_() if v is not None else None) for k, v in args64.items()}
+    ref = run(S.selective_scan_naive, args64)
+    for fn in (S.selective_scan_naive, S.selective_scan_chunked):
+        out = run(fn, args32)
+        assert out["y"].dtype == torch.float32 and out["grad u"].dtype == torch.float32
+        assert_same({k: v for k, v in ref.items()}, {k: v.double() for k, v in out.items()}, tol=1e-5)
+
+
+def test_naive_equals_transformers_selective_scan():
+    """The reference against transformers' own torch path (models.md §13.1), input-dependent B, C."""
+    mm = pytest.importorskip("transformers.models.mamba.modeling_mamba")
+    args = {k: v.detach() for k, v in make(L=29, h0=False).items() if v is not None}
+    y, h = S.selective_scan_naive(**args)
+    raw = torch.log(torch.expm1(args["delta"]))  # softplus⁻¹: let transformers apply softplus itself
+    y_hf, h_hf = mm.mamba_selective_scan(args["u"].transpose(1, 2), raw.transpose(1, 2), args["A"],
+                                         args["B"].transpose(1, 2), args["C"].transpose(1, 2), D=args["D"],
+                                         delta_softplus=True, return_last_state=True)
+    # transformers casts B to float32 internally, hence float32 tolerances
+    torch.testing.assert_close(y, y_hf.transpose(1, 2), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(h, h_hf, rtol=1e-5, atol=1e-6)
+
+
+def test_step_equals_one_scan_step():
+    args = {k: v.detach() for k, v in make(L=1).items()}
+    y, h = S.selective_scan_naive(**args)
+    y1, h1 = S.selective_step(args["u"][:, 0], args["delta"][:, 0], args["A"], args["B"][:, :1], args["C"][:, :1],
+                              args["D"], args["h0"])
+    torch.testing.assert_close(y[:, 0], y1)
+    torch.testing.assert_close(h, h1)
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"B": torch.zeros(2, 37, 4)}, "B must be"),
+    ({"C": torch.zeros(5, 4)}, "C must be"),
+    ({"A": torch.zeros(4, 3)}, "A must be"),
+    ({"D": torch.zeros(3)}, "D must be"),
+    ({"h0": torch.zeros(2, 5, 4)}, "h0 must be"),
+    ({"delta": torch.zeros(2, 36, 5)}, "one shape"),
+])
+def test_bad_shapes_are_refused(bad, match):
+    args = {k: (v.detach() if v is not None else None) for k, v in make().items()}
+    args.update({k: v.double() for k, v in bad.items()})
+    for fn in (S.selective_scan_naive, S.selective_scan_chunked, S.selective_scan_cuda):
+        with pytest.raises(ValueError, match=match):
+            fn(**args)
+    with pytest.raises(ValueError, match="chunk"):
+        S.selective_scan_chunked(**{k: (v.detach() if v is not None else None) for k, v in make().items()}, chunk=0)
+
+
+_PEAK = textwrap.dedent("""
+    import sys, torch
+    from zoo_mamba import scan as S
+    def hwm():
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM"):
+                return int(line.split()[1]) * 1024
+    Bt, L, Di, N = 1, 2048, 64, 128
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(Bt, L, Di, generator=g, requires_grad=True)
+    d = (torch.rand(Bt, L, Di, generator=g) * 0.1).requires_grad_()
+    A = -torch.rand(Di, N, generator=g).requires_grad_()
+    B = torch.randn(Bt, L, N, generator=g, requires_grad=True)
+    C = torch.randn(Bt, L, N, generator=g, requires_grad=True)
+    fn = getattr(S, sys.argv[1])
+    y, h = fn(u[:, :64], d[:, :64], A, B[:, :64], C[:, :64])  # warm up allocator and kernels
+    y.sum().backward()
+    open("/proc/self/clear_refs", "w").write("5")
+    base = hwm()
+    y, h = fn(u, d, A, B, C)
+    y.sum().backward()
+    print(hwm() - base)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc peak-RSS reset")
+def test_chunked_never_holds_a_full_BLDN_tensor():
+    """Forward + backward at B·L·Di·N = 16.8M floats (64 MiB): the chunked backend's peak memory stays
+    under a quarter of one such tensor; the naive loop (autograd keeps every step) needs several."""
+    full = 1 * 2048 * 64 * 128 * 4
+    peaks = {}
+    for fn in ("selective_scan_chunked", "selective_scan_naive"):
+        res = subprocess.run([sys.executable, "-c", _PEAK, fn], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        peaks[fn] = int(res.stdout.split()[-1])
+    assert peaks["selective_scan_chunked"] < full / 4, peaks
+    assert peaks["selective_scan_naive"] > full, peaks  # the measurement can see a full tensor
+
+
+# backend choice -------------------------------------------------------------------------------
+def test_auto_on_cpu_picks_chunked_and_never_cuda(monkeypatch):
+    assert Mamba(4).backend_choice.label() == "selective: scan=selective-chunked"
+    # Even with mamba_ssm "installed" and its run-time check passing, a CPU problem refuses it.
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: types.SimpleNamespace() if name == "mamba_ssm" else real(name, *a))
+    monkeypatch.setattr(S, "cuda_runtime_reason", lambda: None)
+    entry = get_registry().backend("scan", "selective-cuda")
+    assert entry.unavailable_reason() is None
+    assert "CUDA tensors only" in entry.supports(Problem(structure="selective", lti=False, device="cpu"))
+    assert Mamba(4).backend_choice.label() == "selective: scan=selective-chunked"
+    cuda = Problem(structure="selective", lti=False, device="cuda")
+    choice = resolve("auto", paths=Mamba.paths, prefer=Mamba.prefer, reference=Mamba.reference, problem=cuda, who="test")
+    assert choice.label() == "selective: scan=selective-cuda"  # on a GPU with a working kernel, auto takes it
+
+
+def test_cuda_backend_refuses_without_a_gpu():
+    entry = get_registry().backend("scan", "selective-cuda")
+    reason = entry.supports(Problem(structure="selective", lti=False, device="cuda"))
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert reason is not None and ("mamba_ssm" in reason or "CUDA" in reason)
+    with pytest.raises(BackendUnavailableError, match="selective-cuda"):
+        Mamba(4, backend="cuda")
+
+
+def test_cuda_function_never_calls_the_kernel_for_cpu_tensors(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("the CUDA kernel was called for CPU tensors")
+
+    fake = types.ModuleType("mamba_ssm.ops.selective_scan_interface")
+    fake.selective_scan_fn = boom
+    monkeypatch.setitem(sys.modules, "mamba_ssm", types.ModuleType("mamba_ssm"))
+    monkeypatch.setitem(sys.modules, "mamba_ssm.ops", types.ModuleType("mamba_ssm.ops"))
+    monkeypatch.setitem(sys.modules, "mamba_ssm.ops.selective_scan_interface", fake)
+    S._cuda_kernel.cache_clear()
+    try:
+        args = make(L=11, h0=False)
+        assert_same(run(S.selective_scan_naive, args), run(S.selective_scan_cuda, args))
+    finally:
+        S._cuda_kernel.cache_clear()
+
+
+def test_spec_names_and_errors():
+    assert Mamba(4, backend="naive").backend_choice.label() == "selective: scan=selective-naive"
+    assert Mamba(4, backend="scan").backend_choice.label() == "selective: scan=selective-chunked"
+    assert Mamba(4, backend={"scan": "scan"}).backend_choice.label() == "selective: scan=selective-chunked"
+    assert Mamba(4, backend="selective-naive").backend_choice.label() == "selective: scan=selective-naive"
+    with pytest.raises(UnknownNameError, match="selective-chunked"):
+        Mamba(4, backend="selective-chunkd")
+    with pytest.raises(BackendUnavailableError, match="time-invariant diagonal"):
+        Mamba(4, backend={"scan": "chunked"})  # zoo-core's LTI scan cannot serve a selective problem
+
+
+def test_other_cores_never_get_a_selective_backend():
+    """The generic scan problem of the other cores is refused by all three, so their auto choice is unchanged."""
+    for name in ("selective-naive", "selective-chunked", "selective-cuda"):
+        entry = get_registry().backend("scan", name)
+        assert entry.supports_fn(Problem(structure="diag", lti=True)) is not None

@@ -1,0 +1,182 @@
+"""zoo_core.generate: prefill + step decoding equals the parallel forward, greedy equals re-running
+the whole prefix, sampling follows the filtered distribution, eos stops, memory per token is fixed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from zoo_core.build import build_model
+from zoo_core.errors import SpecError
+from zoo_core.generate import filter_logits, generate
+from zoo_core.plugins import get_registry
+
+V = 23
+
+
+def lm_spec(core: dict) -> dict:
+    return {"schema_version": 1, "task": {"kind": "lm"}, "input": {"vocab_size": V},
+            "model": {"d_model": 12, "depth": 2, "block": {"norm": "rms", "activation": "identity", "output": "none"},
+                      "final_norm": "rms", "tie_embeddings": True, "core": core}}
+
+
+CORES = {"s4d": {"kind": "s4d", "preset": "tiny"}, "lru": {"kind": "lru", "preset": "tiny"},
+         "mamba": {"kind": "mamba", "preset": "tiny"}}
+
+
+def _model(name: str, dtype=torch.float64):
+    if CORES[name]["kind"] not in get_registry().cores:
+        pytest.skip(f"core {name!r} is not installed")
+    return build_model(lm_spec(CORES[name]), seed=0).to(dtype).eval()
+
+
+def _prompt(B=3, L=7, seed=0):
+    return torch.randint(0, V, (B, L), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", sorted(CORES))
+def test_step_decoding_equals_parallel_forward(name):
+    """Logits from one prefill + step per token equal the parallel forward over the whole sequence."""
+    model = _model(name)
+    seq = _prompt(2, 17)
+    with torch.no_grad():
+        full = model(seq)  # (B, L, V)
+        logits, state = model.forward_with_state(seq[:, :6])
+        outs = [logits]
+        for t in range(6, seq.shape[1]):
+            y, state = model.step(seq[:, t], state)
+            outs.append(y[:, None])
+    torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(CORES))
+def test_greedy_equals_rerunning_the_whole_prefix(name):
+    model = _model(name)
+    prompt = _prompt()
+    out = generate(model, prompt, 12)
+    assert out.shape == (3, 7 + 12) and out.dtype == torch.long and torch.equal(out[:, :7], prompt)
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(12):
+            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, seq)
+
+
+def test_prefill_once_then_one_step_per_token(monkeypatch):
+    """The prompt is read once in parallel; each new token costs one step with a fixed-size state."""
+    model = _model("mamba")
+    calls = {"prefill": [], "step": 0, "sizes": set()}
+    prefill, step = model.forward_with_state, model.step
+
+    def count_prefill(x, state=None):
+        calls["prefill"].append(tuple(x.shape))
+        return prefill(x, state)
+
+    def count_step(x, state):
+        calls["step"] += 1
+        calls["sizes"].add(tuple((k, tuple(v.shape)) for k, v in sorted(state.items())))
+        return step(x, state)
+
+    monkeypatch.setattr(model, "forward_with_state", count_prefill)
+    monkeypatch.setattr(model, "step", count_step)
+    generate(model, _prompt(2, 5), 40)
+    assert calls["prefill"] == [(2, 5)] and calls["step"] == 39
+    assert len(calls["sizes"]) == 1  # the same state shapes at every token: constant memory
+
+
+def test_sampling_is_reproducible_and_top_k_1_is_greedy():
+    model = _model("s4d")
+    prompt = _prompt()
+    a = generate(model, prompt, 10, do_sample=True, temperature=1.3, generator=torch.Generator().manual_seed(5))
+    b = generate(model, prompt, 10, do_sample=True, temperature=1.3, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a, b)
+    greedy = generate(model, prompt, 10)
+    assert torch.equal(generate(model, prompt, 10, do_sample=True, top_k=1, generator=torch.Generator().manual_seed(1)), greedy)
+    assert torch.equal(generate(model, prompt, 10, do_sample=True, top_p=1e-6, generator=torch.Generator().manual_seed(1)), greedy)
+    many = [generate(model, prompt, 10, do_sample=True, temperature=5.0, generator=torch.Generator().manual_seed(s)) for s in range(3)]
+    assert not all(torch.equal(m, greedy) for m in many)  # sampling at a high temperature does move
+
+
+def test_filter_logits_top_k_and_top_p():
+    logits = torch.log(torch.tensor([[0.05, 0.5, 0.15, 0.3]]))
+    keep = lambda out: torch.isfinite(out)[0].tolist()  # noqa: E731
+    assert keep(filter_logits(logits, top_k=2)) == [False, True, False, True]
+    assert keep(filter_logits(logits, top_p=0.8)) == [False, True, False, True]  # 0.5 + 0.3 reaches 0.8
+    assert keep(filter_logits(logits, top_p=0.81)) == [False, True, True, True]
+    assert keep(filter_logits(logits, top_p=0.3)) == [False, True, False, False]  # at least the top token
+    assert keep(filter_logits(logits, top_k=3, top_p=0.95)) == [False, True, True, True]
+    assert keep(filter_logits(logits)) == [True] * 4
+    kept = filter_logits(logits, top_k=2)
+    torch.testing.assert_close(kept[0, [1, 3]], logits[0, [1, 3]])  # kept values are unchanged
+
+
+def test_sampled_frequencies_follow_the_filtered_softmax():
+    """Draws from temperature 2, top-k 3 match softmax(logits/2) renormalised over the top 3."""
+    from zoo_core.generate import _choose
+
+    logits = torch.tensor([[2.0, 0.5, -1.0, 1.0, 0.0]]).expand(4000, -1)
+    g = torch.Generator().manual_seed(0)
+    tokens = _choose(logits, True, 2.0, 3, None, g)
+    freq = torch.bincount(tokens, minlength=5).double() / tokens.numel()
+    p = torch.softmax(torch.tensor([2.0, 0.5, -1.0, 1.0, 0.0], dtype=torch.float64) / 2, 0)
+    p[[2, 4]] = 0
+    p /= p.sum()
+    assert freq[2] == 0 and freq[4] == 0
+    assert (freq - p).abs().max() < 4 * math.sqrt(0.25 / 4000)
+
+
+def test_eos_finishes_sequences_and_stops_early():
+    model = _model("s4d")
+    prompt = _prompt()
+    greedy = generate(model, prompt, 15)
+    eos = int(greedy[0, 7 + 2])  # the token sequence 0 emits third
+    out = generate(model, prompt, 15, eos_token_id=eos)
+    for b in range(3):
+        new = out[b, 7:]
+        hits = (new == eos).nonzero()
+        if len(hits):
+            first = int(hits[0])
+            assert torch.equal(new[:first + 1], greedy[b, 7:7 + first + 1]) and bool((new[first:] == eos).all())
+        else:
+            assert torch.equal(new, greedy[b, 7:7 + new.shape[0]])
+    every = generate(model, prompt[:1], 15, eos_token_id=int(greedy[0, 7]))
+    assert every.shape == (1, 8)  # the first new token is eos: stop at once
+
+
+def test_mode_is_restored_and_zero_tokens_returns_the_prompt():
+    model = _model("s4d").train()
+    prompt = _prompt()
+    assert torch.equal(generate(model, prompt, 0), prompt)
+    generate(model, prompt, 3)
+    assert model.training
+
+
+def test_bad_arguments_are_refused(monkeypatch):
+    model = _model("s4d")
+    prompt = _prompt()
+    for kwargs, match in [
+        ({"temperature": 0.0, "do_sample": True}, "temperature"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"eos_token_id": V}, "eos_token_id"),
+    ]:
+        with pytest.raises(SpecError, match=match):
+            generate(model, prompt, 3, **kwargs)
+    with pytest.raises(SpecError, match="max_new_tokens"):
+        generate(model, prompt, -1)
+    with pytest.raises(SpecError, match="LongTensor"):
+        generate(model, prompt.float(), 3)
+    with pytest.raises(SpecError, match="LongTensor"):
+        generate(model, prompt[:, :0], 3)
+    with pytest.raises(SpecError, match=r"\[0, 23\)"):
+        generate(model, prompt + V, 3)
+    seq = build_model({"schema_version": 1, "task": {"kind": "sequence", "outputs": 2}, "input": {"channels": 2},
+                       "model": {"d_model": 4, "depth": 1, "core": {"kind": "s4d", "preset": "tiny"}}}, seed=0)
+    with pytest.raises(SpecError, match="task 'lm'"):
+        generate(seq, prompt, 3)
+    monkeypatch.setattr(type(model.cores()[0]), "capabilities", frozenset({"lti"}))
+    with pytest.raises(SpecError, match="capability 'step'"):
+        generate(model, prompt, 3)

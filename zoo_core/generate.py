@@ -1,0 +1,140 @@
+"""Token generation for language models (task ``lm``): prefill in parallel, then decode with ``step``.
+
+Letters: B batch, L prompt length, V vocabulary. The prompt goes through
+``model.forward_with_state`` once (the parallel path); every new token then costs one
+``model.step`` with the recurrent state, so memory per token is constant (no growing cache and no
+re-reading of the prompt). Works for any stack whose cores declare the ``step`` capability.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .errors import SpecError
+
+__all__ = ["generate", "filter_logits"]
+
+
+def filter_logits(logits: Tensor, *, top_k: int | None = None, top_p: float | None = None) -> Tensor:
+    """Set the logits outside the top-k tokens and outside the top-p nucleus to −inf.
+
+    Args:
+        logits: (B, V).
+        top_k: keep the k largest logits (ties at the k-th value are kept too); None keeps all.
+        top_p: keep the smallest set of most likely tokens whose probability mass reaches top_p
+            (at least one token); None or 1.0 keeps all.
+
+    Returns:
+        (B, V), a new tensor.
+    """
+    out = logits.clone()
+    if top_k is not None and top_k < out.shape[-1]:
+        kth = torch.topk(out, top_k, dim=-1).values[..., -1:]  # (B, 1)
+        out = out.masked_fill(out < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(out, dim=-1, descending=True)  # (B, V)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = probs.cumsum(-1) - probs  # mass of the strictly more likely tokens
+        drop_sorted = before >= top_p  # the first token always stays (before = 0 < top_p)
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        out = out.masked_fill(drop, float("-inf"))
+    return out
+
+
+def _check(model: Any, input_ids: Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
+           top_p: float | None, eos_token_id: int | None) -> int:
+    """Validate the arguments; returns the vocabulary size."""
+    if getattr(model, "task", None) != "lm":
+        raise SpecError(f"generate needs a language model (task 'lm'); this model's task is {getattr(model, 'task', None)!r}")
+    no_step = sorted({type(c).__name__ for c in model.cores() if "step" not in getattr(c, "capabilities", ())})
+    if no_step:
+        raise SpecError(f"generate decodes with step(), which {', '.join(no_step)} does not declare (capability 'step'); "
+                        "use a core with a recurrent mode")
+    vocab = int(model.head.out_features)
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.dtype != torch.long:
+        shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+        raise SpecError(f"input_ids must be a (B, L) LongTensor with L ≥ 1 (a prompt of at least one token); got {shape}")
+    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+        raise SpecError(f"input_ids must lie in [0, {vocab}) (the vocabulary); got values from {int(input_ids.min())} to {int(input_ids.max())}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise SpecError(f"max_new_tokens must be an int ≥ 0, got {max_new_tokens!r}")
+    if not temperature > 0:
+        raise SpecError(f"temperature must be > 0 (use do_sample=False for greedy decoding), got {temperature}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise SpecError(f"top_k must be an int ≥ 1 or None, got {top_k!r}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise SpecError(f"top_p must be in (0, 1] or None, got {top_p}")
+    if eos_token_id is not None and not 0 <= eos_token_id < vocab:
+        raise SpecError(f"eos_token_id must lie in [0, {vocab}), got {eos_token_id}")
+    return vocab
+
+
+def _choose(logits: Tensor, do_sample: bool, temperature: float, top_k: int | None, top_p: float | None,
+            generator: torch.Generator | None) -> Tensor:
+    """Next token (B,) from next-token logits (B, V)."""
+    if not do_sample:
+        return logits.argmax(-1)
+    probs = torch.softmax(filter_logits(logits.float() / temperature, top_k=top_k, top_p=top_p), dim=-1)  # (B, V)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+@torch.no_grad()
+def generate(
+    model: Any,
+    input_ids: Tensor,
+    max_new_tokens: int,
+    *,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    eos_token_id: int | None = None,
+) -> Tensor:
+    """Continue each prompt by up to ``max_new_tokens`` tokens.
+
+    Greedy (``do_sample=False``, the most likely token, first index on ties) or sampled from
+    softmax(logits / temperature) restricted to the top-k tokens and the top-p nucleus. The model
+    runs in eval mode (dropout off) and is put back in its previous mode afterwards.
+
+    Args:
+        model: a ``SequenceModel`` with task ``lm`` whose cores declare ``step``.
+        input_ids: (B, L) prompt tokens, L ≥ 1.
+        max_new_tokens: how many tokens to add at most.
+        do_sample, temperature, top_k, top_p: the decoding rule (temperature, top_k, top_p apply
+            when sampling).
+        generator: the random generator for sampling (reproducible draws).
+        eos_token_id: a sequence that emits it is finished: later positions repeat eos, and
+            generation stops early once every sequence has finished.
+
+    Returns:
+        (B, L + n) LongTensor, the prompts followed by n ≤ max_new_tokens new tokens.
+
+    Raises:
+        SpecError: a model that is not a language model or cannot step, or bad arguments.
+    """
+    _check(model, input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id)
+    was_training = model.training
+    model.eval()
+    try:
+        out = [input_ids]
+        if max_new_tokens == 0:
+            return input_ids.clone()
+        logits, state = model.forward_with_state(input_ids)  # (B, L, V): the prompt in parallel
+        next_logits = logits[:, -1]  # (B, V)
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for i in range(max_new_tokens):
+            token = _choose(next_logits, do_sample, temperature, top_k, top_p, generator)  # (B,)
+            if eos_token_id is not None:
+                token = token.masked_fill(done, eos_token_id)
+                done = done | (token == eos_token_id)
+            out.append(token[:, None])
+            if i + 1 == max_new_tokens or (eos_token_id is not None and bool(done.all())):
+                break
+            next_logits, state = model.step(token, state)  # (B, V), one token at a time
+        return torch.cat(out, dim=1)
+    finally:
+        model.train(was_training)
