@@ -98,8 +98,12 @@ def test_bad_specs_name_file_line_key_and_fix(tmp_path, old, new, expect):
 
 
 def test_missing_plugin_gives_install_hint(tmp_path, monkeypatch):
-    msg = error_of(tmp_path, GOOD.replace("kind: s4d", "kind: mamba").replace("    d_state: 8\n", ""))
-    assert "zoo-mamba" in msg and "planned" in msg and "spec.yaml:9" in msg
+    from zoo_core import registry as registry_module
+
+    monkeypatch.setitem(registry_module.KNOWN_PLUGINS, "hyena", "zoo-hyena")  # a family not released yet
+    monkeypatch.setattr(registry_module, "PLANNED", frozenset({"zoo-hyena"}))
+    msg = error_of(tmp_path, GOOD.replace("kind: s4d", "kind: hyena").replace("    d_state: 8\n", ""))
+    assert "zoo-hyena" in msg and "planned" in msg and "spec.yaml:9" in msg
     monkeypatch.setenv("ZOO_LOAD_PLUGINS", "")
     msg = error_of(tmp_path, GOOD, registry=load_registry())
     assert "zoo-s4d" in msg and "pip install -e plugins/zoo-s4d" in msg and "spec.yaml:9" in msg

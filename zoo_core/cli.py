@@ -229,7 +229,7 @@ def _parser() -> argparse.ArgumentParser:
 
 # zoo-core's own command groups, each a module with ``register_cli(subparsers)`` that imports
 # nothing heavy at load time (``zoo --help`` stays torch-free).
-BUILTIN_COMMANDS = ("zoo_core.train.cli", "zoo_core.hub.cli")
+BUILTIN_COMMANDS = ("zoo_core.train.cli", "zoo_core.hub.cli", "zoo_core.convert")
 
 
 def _builtin_commands(sub: Any) -> None:

@@ -27,7 +27,7 @@ KNOWN_PLUGINS: dict[str, str] = {
 }
 
 # Distributions in KNOWN_PLUGINS that do not exist yet (registry.yaml: planned).
-PLANNED = frozenset({"zoo-lrcssm", "zoo-mamba"})
+PLANNED = frozenset({"zoo-lrcssm"})
 
 OPS = ("kernel", "conv", "scan")
 
