@@ -100,6 +100,9 @@ def resolve(
         registry = get_registry()
     if setting == "naive":
         setting = dict(reference)
+    if isinstance(setting, str) and setting in paths and not any(n == setting for _, n in registry.backends):
+        # a path's name (e.g. LrcSSM's "deer"): that computation, each of its ops on auto
+        return BackendChoice(setting, _fill(registry, paths[setting], {}, problem, who), f"path {setting!r} requested")
     if isinstance(setting, str) and setting != "auto":
         path, op = _path_for_name(registry, paths, prefer, setting, who)
         return BackendChoice(path, _fill(registry, paths[path], {op: setting}, problem, who), f"{setting!r} requested")

@@ -27,7 +27,7 @@ KNOWN_PLUGINS: dict[str, str] = {
 }
 
 # Distributions in KNOWN_PLUGINS that do not exist yet (registry.yaml: planned).
-PLANNED = frozenset({"zoo-lrcssm"})
+PLANNED: frozenset[str] = frozenset()
 
 OPS = ("kernel", "conv", "scan")
 

@@ -1,0 +1,260 @@
+"""LrcSSM: the liquid-resistance liquid-capacitance cell, solved sequentially or by Newton (DEER).
+
+Letters: B batch, L length, H = m input width (d_model), D state size (d_state).
+
+Per step, with u_t ∈ R^H and x = x_{t−1} ∈ R^D (models.md §8.1; the parameters keep the names of
+the reference's ``LRC_diagmat.py``, ``weight_sensory_mu`` ... ``weight_elastance_shift``):
+
+    s_u = σ(σ_s ⊙ (u_t − μ_s))                    (H,)   sensory synapses, mix all inputs
+    q   = σ(s ⊙ (x − μ))                           (D,)   self synapses, elementwise
+    f   = g_L + W_f s_u + w ⊙ q,   zz = g_L + W_z s_u + h ⊙ q     (the same g_L in both)
+    ε   = Δt·σ(k_ε x + b_ε)                        asymmetric (default)
+        = Δt·(σ(k_ε x + b_ε + s_ε) − σ(k_ε x + b_ε − s_ε))      symmetric
+    x_t = x + ε ⊙ (−σ(f) ⊙ x + v_L ⊙ tanh(zz))
+
+The state enters only elementwise, so ∂x_t/∂x_{t−1} is diagonal (closed form in
+``step_and_jacobian``). The layer's output is the state trajectory x_{1:L} (B, L, D), as in the
+reference; when D ≠ H a Linear(D → H) ``out_proj`` maps it to the model width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from zoo_core.backends import BackendChoice, resolve
+from zoo_core.protocols import CoreBase, State, require_float
+from zoo_core.registry import Problem
+
+from .deer import NewtonConvergenceError, NewtonResult, default_tol, newton_fixed_point, newton_step
+from .params import DEFAULT_MAX_ITER, ELASTANCES, ON_NONCONVERGENCE
+from .plugin import CAPABILITIES
+
+F64 = torch.float64
+log = logging.getLogger("zoo_lrcssm")
+_LOGGED: set[tuple[str, str]] = set()
+
+# Reference order of the 13 draws (LRCU.__init__); weight_elastance_shift only when symmetric.
+_VECTOR_IN = ("weight_sensory_mu", "weight_sensory_sigma")  # (H,)
+_MATRIX = ("weight_sensory_w", "weight_sensory_h")  # (D, H)
+_VECTOR_STATE = ("weight_mu", "weight_sigma", "weight_w", "weight_h", "weight_gleak", "weight_vleak",
+                 "weight_elastance_kernel", "weight_elastance_bias")  # (D,)
+_SHIFT = "weight_elastance_shift"  # (D,)
+
+
+class _SequentialChoice(BackendChoice):
+    def label(self) -> str:
+        return "sequential: loop over L (no scan)"
+
+
+class LrcSSM(CoreBase):
+    capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES)
+    # "sequential" uses no op: the reference loop. "deer" runs one diagonal scan per Newton step.
+    paths: ClassVar[dict[str, tuple[str, ...]]] = {"sequential": (), "deer": ("scan",)}
+    prefer: ClassVar[tuple[str, ...]] = ("sequential", "deer")
+    reference: ClassVar[dict[str, str]] = {}
+    problem: ClassVar[Problem] = Problem(structure="diag", lti=False, complex=False)
+    # What "auto" and "deer" pick for the scan inside Newton, per device type (benchmarks/REPORT_LRCSSM.md).
+    deer_scan: ClassVar[dict[str, str]] = {"cpu": "scan"}
+    # Newton windows hold about this many state entries (B·W·D) per sweep, so a sweep's working
+    # set stays in cache on a CPU; at least MIN_WINDOW steps. None: one window of L steps.
+    window_elems: ClassVar[int | None] = 2**18
+    min_window: ClassVar[int] = 64
+
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int | None = None,
+        elastance: str = "asymmetric",
+        dt: float = 1.0,
+        tol: float | None = None,
+        max_iter: int = DEFAULT_MAX_ITER,
+        on_nonconvergence: str = "fallback",
+        backend: str | Mapping[str, str] = "auto",
+        *,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        _check_args(elastance, dt, tol, max_iter, on_nonconvergence)
+        real = dtype or torch.get_default_dtype()
+        H, D = d_model, (d_state or d_model)
+        self.d_model, self.d_state = H, D
+        self.elastance, self.dt, self.tol, self.max_iter = elastance, float(dt), tol, max_iter
+        self.on_nonconvergence = on_nonconvergence
+        lim = 1.0 / math.sqrt(D)  # Equinox default_init with lim = sqrt(1 / hidden_size)
+        names = (*_VECTOR_IN, *_MATRIX, *_VECTOR_STATE) + ((_SHIFT,) if elastance == "symmetric" else ())
+        shapes = {**dict.fromkeys(_VECTOR_IN, (H,)), **dict.fromkeys(_MATRIX, (D, H))}
+        for name in names:  # drawn in float64 and cast: float32 and float64 builds agree
+            value = torch.empty(shapes.get(name, (D,)), dtype=F64).uniform_(-lim, lim)
+            self.register_parameter(name, nn.Parameter(value.to(device=device, dtype=real)))
+        # PyTorch's Linear init (U[±1/√D] weight and bias), drawn in float64 like the cell
+        self.out_proj = nn.Linear(D, H, dtype=F64).to(device=device, dtype=real) if D != H else None
+        self.last_iterations: int | None = None  # Newton sweeps of the latest deer solve
+        self.last_solve: NewtonResult | None = None  # its details (without the trajectory)
+        self.backend_choice = self.resolve_backend(backend, who="core 'lrcssm'", device=device)
+
+    # backend ----------------------------------------------------------------------------
+    def resolve_backend(self, setting: Any, *, who: str, device: Any = None) -> BackendChoice:
+        """'naive' (or {}): the sequential loop; 'deer' or 'auto': Newton with this device's
+        preferred scan; a scan backend name or {'scan': name}: Newton with that scan."""
+        kind = torch.device(device or "cpu").type
+        if setting == "naive" or setting == "sequential" or (isinstance(setting, Mapping) and not setting):
+            return _SequentialChoice("sequential", {}, f"{setting!r} requested: the reference loop")
+        if setting in ("deer", "auto"):
+            scan = self.deer_scan.get(kind, "auto")
+            problem = Problem(structure="diag", lti=False, complex=False, device=kind)
+            choice = resolve({"scan": scan} if scan != "auto" else "auto", paths={"deer": ("scan",)},
+                             prefer=("deer",), reference={"scan": "naive"}, problem=problem, who=who)
+            reason = (f"{setting!r}: Newton with the scan measured fastest inside it on {kind}" if scan != "auto"
+                      else f"{setting!r}: Newton with the {kind} default scan")
+            choice = BackendChoice("deer", choice.entries, reason)
+            if setting == "auto" and (kind, choice.label()) not in _LOGGED:
+                _LOGGED.add((kind, choice.label()))
+                log.info("%s: backend auto -> %s (%s)", who, choice.label(), reason)
+            return choice
+        return super().resolve_backend(setting, who=who, device=device)
+
+    # the cell ---------------------------------------------------------------------------
+    def drive(self, u: Tensor) -> tuple[Tensor, Tensor]:
+        """Input-only terms g_L + W_f s_u and g_L + W_z s_u: u (..., H) -> two (..., D)."""
+        s_u = torch.sigmoid(self.weight_sensory_sigma * (u - self.weight_sensory_mu))  # (..., H)
+        W = torch.cat([self.weight_sensory_w, self.weight_sensory_h], 0)  # (2D, H)
+        pf, pz = (s_u @ W.T).split(self.d_state, -1)  # (..., D) each
+        return pf + self.weight_gleak, pz + self.weight_gleak
+
+    def _elastance(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """ε(x) and dε/dx, elementwise (..., D)."""
+        arg = torch.addcmul(self.weight_elastance_bias, self.weight_elastance_kernel, x)  # (..., D)
+        if self.elastance == "symmetric":
+            hi = torch.sigmoid(arg + self.weight_elastance_shift)
+            lo = torch.sigmoid(arg - self.weight_elastance_shift)
+            eps = hi - lo
+            slope = torch.addcmul(hi, hi, hi, value=-1) - torch.addcmul(lo, lo, lo, value=-1)  # σ'(+) − σ'(−)
+        else:
+            eps = torch.sigmoid(arg)
+            slope = torch.addcmul(eps, eps, eps, value=-1)  # σ(1 − σ)
+        if self.dt != 1.0:
+            eps = eps * self.dt
+        return eps, slope * (self.weight_elastance_kernel * self.dt)
+
+    def step_and_jacobian(self, x: Tensor, pf: Tensor, pz: Tensor) -> tuple[Tensor, Tensor]:
+        """F(x) and diag ∂F/∂x for x, pf, pz (..., D) (models.md §8.1):
+
+        J = 1 + ε'·r + ε·(v_L h (1 − tanh²zz) q' − σ(f) − σ'(f) w q' x),  r = v_L tanh(zz) − σ(f) x,
+        q' = s σ'(s(x − μ)). Written with fused multiply-adds: it runs at every Newton sweep.
+        """
+        s = self.weight_sigma
+        q = torch.sigmoid(torch.addcmul(-s * self.weight_mu, s, x))  # (..., D) σ(s(x − μ))
+        sf = torch.sigmoid(torch.addcmul(pf, self.weight_w, q))  # σ(f)
+        th = torch.tanh(torch.addcmul(pz, self.weight_h, q))  # tanh(zz)
+        eps, eps_x = self._elastance(x)
+        r = torch.addcmul(self.weight_vleak * th, sf, x, value=-1)  # v_L tanh(zz) − σ(f) x
+        dq = torch.addcmul(q, q, q, value=-1) * s  # q'
+        inner = torch.addcmul(torch.addcmul(self.weight_vleak * self.weight_h, th * th, self.weight_vleak * self.weight_h, value=-1),
+                              torch.addcmul(sf, sf, sf, value=-1) * x, self.weight_w, value=-1)
+        dr = torch.addcmul(-sf, dq, inner)  # ∂r/∂x
+        return torch.addcmul(x, eps, r), torch.addcmul(torch.addcmul(torch.ones_like(r), eps_x, r), eps, dr)
+
+    def cell(self, x: Tensor, pf: Tensor, pz: Tensor) -> Tensor:
+        """One Euler step x_{t−1} -> x_t for x, pf, pz (..., D)."""
+        q = torch.sigmoid(self.weight_sigma * (x - self.weight_mu))  # (..., D)
+        sf = torch.sigmoid(torch.addcmul(pf, self.weight_w, q))  # σ(f)
+        th = torch.tanh(torch.addcmul(pz, self.weight_h, q))  # tanh(zz)
+        arg = torch.addcmul(self.weight_elastance_bias, self.weight_elastance_kernel, x)
+        if self.elastance == "symmetric":
+            eps = torch.sigmoid(arg + self.weight_elastance_shift) - torch.sigmoid(arg - self.weight_elastance_shift)
+        else:
+            eps = torch.sigmoid(arg)
+        if self.dt != 1.0:
+            eps = eps * self.dt
+        return torch.addcmul(x, eps, self.weight_vleak * th - sf * x)  # (..., D)
+
+    # solvers ----------------------------------------------------------------------------
+    def _solve_sequential(self, pf: Tensor, pz: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
+        x, xs = h0, []
+        for pf_t, pz_t in zip(pf.unbind(1), pz.unbind(1)):  # unbind: one backward node, not L slices
+            x = self.cell(x, pf_t, pz_t)  # (B, D)
+            xs.append(x)
+        return torch.stack(xs, 1), x  # (B, L, D), (B, D)
+
+    def _window(self, B: int, L: int, D: int) -> int | None:
+        """Newton window length for a (B, L, D) trajectory, None for the whole sequence."""
+        if self.window_elems is None:
+            return None
+        window = max(self.min_window, self.window_elems // (B * D))
+        return window if window < L else None
+
+    def _solve_deer(self, pf: Tensor, pz: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
+        scan = self.backend_choice.fn("scan")
+        tol = self.tol if self.tol is not None else default_tol(pf.dtype)
+        B, L, D = pf.shape
+        window = self._window(B, L, D)
+        with torch.no_grad():
+            res = newton_fixed_point(self.step_and_jacobian, (pf, pz), h0, scan=scan, tol=tol,
+                                     max_iter=self.max_iter, window=window)
+        self.last_iterations = res.iterations
+        self.last_solve = dataclasses.replace(res, x=res.x[:0])
+        log.debug("lrcssm deer: %d Newton sweep(s) at L=%d in %d window(s), at most %d per window, residual %.2e (tol %.0e)",
+                  res.iterations, L, res.windows, res.max_window_iterations, res.residual, tol)
+        if not res.converged:
+            msg = (f"LrcSSM's Newton (deer) iteration did not converge in max_iter={self.max_iter} iterations "
+                   f"on window {res.windows + 1} of L={L}: max|x^(k+1) − x^(k)| = {res.residual:.3e} > tol {tol:.0e}")
+            if self.on_nonconvergence == "error":
+                raise NewtonConvergenceError(
+                    msg + "; raise max_iter (max_iter ≥ L always converges), use backend 'naive' (the "
+                    "sequential loop), or set on_nonconvergence: fallback")
+            warnings.warn(msg + "; falling back to the exact sequential loop for this call", RuntimeWarning, stacklevel=4)
+            return self._solve_sequential(pf, pz, h0)
+        if torch.is_grad_enabled() and (pf.requires_grad or pz.requires_grad or h0.requires_grad):
+            return newton_step(self.step_and_jacobian, res.x, (pf, pz), h0, scan=scan, window=window)
+        return res.x, res.x[:, -1]
+
+    # sequence ---------------------------------------------------------------------------
+    def _out(self, states: Tensor) -> Tensor:
+        return states if self.out_proj is None else self.out_proj(states)  # (..., H)
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        require_float(x, "LrcSSM")
+        u = x.to(self.weight_mu.dtype)  # (B, L, H)
+        h0 = self.init_state(u.shape[0], dtype=u.dtype, device=u.device)["x"] if state is None else state["x"]
+        pf, pz = self.drive(u)  # (B, L, D) each
+        solve = self._solve_deer if self.backend_choice.path == "deer" else self._solve_sequential
+        states, last = solve(pf, pz, h0.to(u.dtype))  # (B, L, D), (B, D)
+        return self._out(states).to(x.dtype), {"x": last}
+
+    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
+        require_float(x_t, "LrcSSM")
+        u = x_t.to(self.weight_mu.dtype)  # (B, H)
+        x = self.cell(state["x"].to(u.dtype), *self.drive(u))  # (B, D)
+        return self._out(x).to(x_t.dtype), {"x": x}
+
+    def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
+        return {"x": torch.zeros(batch_size, self.d_state, dtype=dtype or self.weight_mu.dtype,
+                                 device=device or self.weight_mu.device)}
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, d_state={self.d_state}, elastance={self.elastance}, dt={self.dt}, "
+                f"tol={self.tol}, max_iter={self.max_iter}, on_nonconvergence={self.on_nonconvergence}, "
+                f"backend={self.backend_choice.label()}")
+
+
+def _check_args(elastance: str, dt: float, tol: float | None, max_iter: int, on_nonconvergence: str) -> None:
+    """The params model's rules, for direct construction (same messages' substance)."""
+    if elastance not in ELASTANCES:
+        raise ValueError(f"elastance must be one of {ELASTANCES}, got {elastance!r}")
+    if on_nonconvergence not in ON_NONCONVERGENCE:
+        raise ValueError(f"on_nonconvergence must be one of {ON_NONCONVERGENCE}, got {on_nonconvergence!r}")
+    if not (dt > 0 and math.isfinite(dt)):
+        raise ValueError(f"dt must be a positive finite number, got {dt}")
+    if tol is not None and not 0 < tol < 1:
+        raise ValueError(f"tol must lie in (0, 1) or be None (1e-4 float32, 1e-7 float64), got {tol}")
+    if not (isinstance(max_iter, int) and max_iter >= 1):
+        raise ValueError(f"max_iter must be a positive int, got {max_iter!r}")
