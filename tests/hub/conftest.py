@@ -97,6 +97,8 @@ def hf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                         "HUGGINGFACE_HUB_CACHE": home / "hub"}.items():
         if hasattr(constants, name):
             monkeypatch.setattr(constants, name, str(value))
+    if hasattr(constants, "HF_HUB_OFFLINE"):  # read once at import, possibly by another test module
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     return home
 
 

@@ -6,14 +6,12 @@ is not a plain state dict (refused, never executed). Nothing is half-written on 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
 from zoo_core import cli  # noqa: E402

@@ -18,7 +18,6 @@ from zoo_mamba.core import Mamba
 from zoo_mamba.params import MambaParams
 
 F64 = torch.float64
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def perturbed(core: Mamba, seed: int = 0) -> Mamba:
