@@ -242,3 +242,13 @@ def test_summary_reports_reshaping_and_depth_settings():
              stacking={"policy": "periodic", "period": 2, "damping": 0.5})
     text = summary(build_model(s, seed=0))
     assert "reshape concat c=12" in text and "damping α=0.5" in text and "period 2" in text
+
+
+def test_padding_with_a_non_causal_core_is_refused():
+    """Masking the pool is exact only for causal cores: a bidirectional core would read the padding."""
+    model = build_model(spec({"kind": "classification", "classes": 2}, {"channels": 3},
+                             core={"kind": "s5-bidirectional", "preset": "tiny"}), seed=0)
+    x = torch.randn(2, 6, 3)
+    model(x, lengths=torch.tensor([6, 6]))  # no padding: fine
+    with pytest.raises(ValueError, match="not causal"):
+        model(x, lengths=torch.tensor([6, 4]))

@@ -246,7 +246,9 @@ def data_home() -> Path:
 
 def offline() -> bool:
     """True when ``ZOO_OFFLINE`` or ``HF_HUB_OFFLINE`` is set: never try a download."""
-    return any(os.environ.get(v, "").strip().lower() in {"1", "true", "yes", "on"} for v in ("ZOO_OFFLINE", "HF_HUB_OFFLINE"))
+    from .plugins import env_flag
+
+    return env_flag("ZOO_OFFLINE") or env_flag("HF_HUB_OFFLINE")
 
 
 # kept for ``zoo stream`` (demo.py) --------------------------------------------------------------

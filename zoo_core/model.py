@@ -90,6 +90,12 @@ class SequenceModel(nn.Module):
     def _embed(self, x: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Raw input (B, T, D) or tokens (B, T) → encoder output (B, L, H) and model-step lengths."""
         lengths = _check_lengths(lengths, x.shape[0], x.shape[1])
+        if lengths is not None and bool((lengths < x.shape[1]).any()):
+            acausal = sorted({type(c).__name__ for c in self.cores() if "step" not in getattr(c, "capabilities", ())})
+            if acausal:  # a non-causal core reads the padding into the valid steps: masking the pool is not enough
+                raise ValueError(f"{', '.join(acausal)} is not causal (it reads the sequence in both directions), so "
+                                 "end padding would change the valid steps' outputs; run unequal lengths one "
+                                 "sample at a time, or group them by length")
         x = self._with_time(x)
         if self.reshaper is not None:
             x, lengths = self.reshaper(x, lengths)  # (B, L, c)

@@ -81,12 +81,13 @@ class PluginSource:
     load: Callable[[], Any]
 
 
-def _env_flag(name: str) -> bool:
+def env_flag(name: str) -> bool:
+    """An on/off environment variable: 1, true, yes or on (any case) is on."""
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def strict_mode() -> bool:
-    return _env_flag("ZOO_STRICT_PLUGINS")
+    return env_flag("ZOO_STRICT_PLUGINS")
 
 
 def entry_point_sources() -> list[PluginSource]:
@@ -102,7 +103,7 @@ def entry_point_sources() -> list[PluginSource]:
 def _selected(src: PluginSource) -> bool:
     if src.dist == CORE_DIST or src.dist == INLINE_DIST:
         return True  # the essential set is never disabled; inline plugins were asked for explicitly
-    if _env_flag("ZOO_DISABLE_PLUGIN_AUTOLOAD"):
+    if env_flag("ZOO_DISABLE_PLUGIN_AUTOLOAD"):
         return False
     allow = os.environ.get("ZOO_LOAD_PLUGINS")
     if allow is None:

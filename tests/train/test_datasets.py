@@ -121,3 +121,17 @@ def test_packaged_sets_when_installed(name, module):
     assert len(d) == ds.info.sizes["test"] and d.X.shape[1] == ds.info.length
     if ds.info.task == "lm":
         assert d.X.dtype == np.int64 and d.X.max() < ds.info.vocab_size and (d.X[:, 1:] == d.y[:, :-1]).all()
+
+
+def test_unequal_lengths_refuse_a_non_causal_core():
+    """Padding at the end reaches the valid steps of a bidirectional core: refused before training."""
+    from zoo_core.spec import load_spec
+    from zoo_core.train.run import check_model_fits, training_settings
+
+    spec = load_spec({"schema_version": 1, "task": {"kind": "classification", "classes": 9}, "input": {"channels": 12},
+                      "model": {"d_model": 8, "depth": 1, "core": {"kind": "s5-bidirectional", "preset": "tiny"}}})
+    ds = get_dataset("JapaneseVowels")
+    with pytest.raises(SpecError, match="not causal"):
+        check_model_fits(spec, training_settings(spec), ds)
+    causal = load_spec({**spec.resolved(), "model": {**spec.resolved()["model"], "core": {"kind": "lru", "preset": "tiny"}}})
+    check_model_fits(causal, training_settings(causal), ds)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, ZooError
+from ..plugins import env_flag
 from .catalogue import Catalogue, PretrainedEntry, load_catalogue, sha256_file
 from .errors import HubConnectionError, HubError, MissingPluginError
 from .refs import ModelRef, check_repo_id, check_revision, parse_ref
@@ -84,15 +85,11 @@ class PushResult:
 
 
 # environment and client helpers ---------------------------------------------------------------
-def _is_true(value: str | None) -> bool:
-    return (value or "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-
-
 def is_offline(local_files_only: bool = False) -> bool:
     """``local_files_only``, or ``HF_HUB_OFFLINE`` as the client read it at import or as set now."""
     from huggingface_hub import constants
 
-    return bool(local_files_only or constants.HF_HUB_OFFLINE or _is_true(os.environ.get("HF_HUB_OFFLINE")))
+    return bool(local_files_only or constants.HF_HUB_OFFLINE or env_flag("HF_HUB_OFFLINE"))
 
 
 def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:

@@ -14,8 +14,8 @@ while offline, a spec whose task, classes or channels do not fit the dataset) ru
 
 from __future__ import annotations
 
-import inspect
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -51,15 +51,23 @@ def training_settings(spec: Spec, overrides: dict[str, Any] | None = None) -> Tr
         raise format_validation_error(exc, spec.positions, prefix=("training",), model=TrainingSpec) from None
 
 
+log = logging.getLogger(__name__)
+
+
 def check_model_fits(spec: Spec, cfg: TrainingSpec, dataset: Dataset) -> None:
-    """Model capabilities the run needs: masking padded steps, per-period outputs (blockwise loss)."""
+    """What padded batches need from the model: causal cores (masking the pool is then exact)."""
+    if not dataset.info.unequal_length:
+        return
     model = build_model(spec, seed=0)
-    if dataset.info.unequal_length and "lengths" not in inspect.signature(model.forward).parameters:
-        raise SpecError(f"{dataset.info.name!r} has sequences of unequal length, but this model's forward takes no "
-                        "lengths to mask the padding; update zoo-core (SequenceModel.forward(x, lengths=None))")
-    if cfg.loss == "blockwise" and not callable(getattr(model, "period_outputs", None)):
-        raise SpecError("training.loss blockwise needs the model's outputs after each period "
-                        "(SequenceModel.period_outputs), which this zoo-core does not have; use loss: final")
+    acausal = sorted({type(core).__name__ for core in model.cores() if "step" not in getattr(core, "capabilities", ())})
+    if acausal:
+        raise SpecError(f"{dataset.info.name!r} has sequences of unequal length, padded at the end, but "
+                        f"{', '.join(acausal)} is not causal: the padding would reach the valid steps. Use a causal "
+                        "core or an equal-length dataset")
+    norms = spec.envelope.model.block.norm
+    if norms in ("batch", "ema_batch"):
+        log.warning("%s has sequences of unequal length: in training, block.norm %s takes its batch statistics over "
+                    "the padded steps too (the pool and the loss ignore them)", dataset.info.name, norms)
 
 
 def _fingerprint(spec: Spec, cfg: TrainingSpec, dataset: Dataset, world: int) -> dict[str, Any]:
