@@ -234,7 +234,8 @@ def fit(model: nn.Module, train: SplitData, val: SplitData, test: SplitData, ctx
             state["finished"] = True
         if epoch == cfg.epochs:
             state["finished"] = True
-        if ctx.dist.is_main and (state["finished"] or epoch % cfg.save_every == 0):
+        # a new best/ is always followed by its checkpoint, so a resumed run never lags behind best/
+        if ctx.dist.is_main and (state["finished"] or ok or epoch % cfg.save_every == 0):
             save_checkpoint(d / "checkpoint", model, optimizer, state)
         ctx.dist.barrier()
         ctx.progress.end_epoch(_describe(epoch, cfg.epochs, record, metric))
