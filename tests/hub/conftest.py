@@ -121,7 +121,7 @@ def make_model():
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """``python -m zoo_core.hub.cli ARGS`` in a subprocess, loopback-only, with the current HF_* settings."""
     full = {**os.environ, **(env or {}), "ZOO_TEST_LOOPBACK_ONLY": "1",
-            "PYTHONPATH": os.pathsep.join([str(HERE / "_guard"), str(ROOT)])}
+            "PYTHONPATH": os.pathsep.join([str(HERE / "_guard"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     return subprocess.run([sys.executable, "-m", "zoo_core.hub.cli", *args], capture_output=True, text=True, check=False,
                           env=full, timeout=timeout, cwd=ROOT)
 
