@@ -343,6 +343,31 @@ def check_long_step(case: CoreCase) -> None:
     assert_close("long step (last output)", y, y_t, rtol=1e-3, atol=1e-4 * (1 + y.abs().max().item()))
 
 
+def check_shared_depth(case: CoreCase) -> None:
+    """One instance reused at several depth positions (ABAB sharing, damped updates) streams
+    exactly: step() from init_state equals forward() of the whole model, and each position keeps
+    its own state (a core that keeps state on itself fails here)."""
+    case.needs("step")
+    from ..build import build_model
+    from ..plugins import using_registry
+
+    params = {k: v for k, v in case.params.items() if k != "d_model"}
+    spec = {"schema_version": 1, "task": {"kind": "sequence", "outputs": 2}, "input": {"channels": 3},
+            "model": {"d_model": case.d_model, "depth": 4, "block": {"norm": "layer", "dropout": 0.0},
+                      "stacking": {"policy": "periodic", "period": 2, "damping": 0.7},
+                      "core": {"kind": case.name, **params}}}
+    torch.manual_seed(0)
+    with using_registry(case.registry):
+        model = build_model(spec, registry=case.registry, dtype=F64).eval()
+    x = torch.randn(2, 17, 3, dtype=F64)
+    state = model.init_state(2, dtype=F64)
+    ys = []
+    for t in range(x.shape[1]):
+        y_t, state = model.step(x[:, t], state)
+        ys.append(y_t)
+    assert_close("shared depth: step vs forward", model(x), torch.stack(ys, 1), rtol=case.rtol, atol=case.atol)
+
+
 CHECKS: dict[str, Callable[[CoreCase], None]] = {
     "protocol": check_protocol,
     "shapes": check_shapes,
@@ -359,6 +384,7 @@ CHECKS: dict[str, Callable[[CoreCase], None]] = {
     "optim_hints": check_optim_hints,
     "save_load": check_save_load,
     "long_step": check_long_step,
+    "shared_depth": check_shared_depth,
 }
 
 

@@ -209,6 +209,19 @@ class WrongWidth(ToyDiag):
 BROKEN["shapes"] = WrongWidth
 
 
+class StateOnSelf(ToyDiag):
+    """Breaks sharing across depth: step keeps its recurrent state on the module, not in the state dict."""
+
+    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
+        if not hasattr(self, "_h") or self._h.shape[0] != x_t.shape[0] or bool((state["h"] == 0).all()):
+            self._h = state["h"]
+        self._h = self.decay() * self._h + self.b * x_t[..., None]  # (B, H, N)
+        return (self._h * self.c).sum(-1) + self.d * x_t, {"h": self._h}
+
+
+BROKEN["shared_depth"] = StateOnSelf
+
+
 @hookimpl
 def zoo_register_cores(register):  # type: ignore[no-untyped-def]
     caps = ToyDiag.capabilities
