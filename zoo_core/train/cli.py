@@ -107,7 +107,7 @@ def register_cli(sub: Any) -> None:
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(fn=cmd_train)
     e = sub.add_parser("eval", help="score a saved model on a dataset split (optionally with adaptive depth)")
-    e.add_argument("model_dir")
+    e.add_argument("model_dir", metavar="MODEL", help="a saved model folder or a reference: arch.tag, hf-hub:org/name[@rev], local-dir:path")
     e.add_argument("--dataset", help="default: the dataset the model was trained on")
     e.add_argument("--split", default="test", choices=("train", "val", "test"))
     e.add_argument("--protocol", choices=("seed-split", "official"), help="default: the training run's")

@@ -78,10 +78,19 @@ def evaluate_model(
     device: str = "auto",
     output: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Score ``model_dir`` on one split; writes the metrics JSON and returns it."""
-    model_dir = Path(model_dir)
+    """Score a model on one split; returns the metrics and writes them as JSON.
+
+    ``model_dir`` is a saved folder or any model reference (``arch.tag``, ``hf-hub:org/name``,
+    ``local-dir:path``: pulled and sha256-checked first). The JSON goes to ``output``, or beside
+    the model when it sits in a ``zoo train`` run folder; otherwise it is only returned.
+    """
     if split not in SPLITS:
         raise SpecError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    if not Path(model_dir).is_dir():
+        from ..hub.api import pull
+
+        model_dir = pull(str(model_dir)).path
+    model_dir = Path(model_dir)
     ctx = run_context(model_dir)
     model = load_pretrained(model_dir)
     envelope = load_spec(model.spec).envelope
@@ -104,6 +113,8 @@ def evaluate_model(
     if adaptive:
         metrics["adaptive"] = adaptive_metrics(model.eval(), data, ds.info.task, batch_size, **(adaptive_options or {}))
         metrics["adaptive"]["options"] = adaptive_options or {}
+    if output is None and not ctx:
+        return metrics  # a pulled or bundled model: nothing is written into the cache or the repository
     path = Path(output) if output else model_dir.parent / f"eval-{ds.info.name}-{split}{'-adaptive' if adaptive else ''}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_file(path, (json.dumps(metrics, indent=1) + "\n").encode())
