@@ -168,3 +168,28 @@ def test_dropout_draws_a_fresh_mask_at_each_application():
     model(torch.randn(2, 5, 3))
     masks = seen[0::2]  # the first dropout of each application (each block calls drop twice)
     assert len(masks) == 4 and not all(torch.equal(masks[0], m) for m in masks[1:])
+
+
+def test_batch_norm_shared_across_depth_warns(caplog):
+    """One BatchNorm reused at several depth positions evaluates with averaged statistics: warned."""
+    import logging
+
+    from zoo_core import build
+    from zoo_core.build import build_model
+
+    build._WARNED.clear()  # warned once per process: start from none
+
+    def spec(norm, norms="shared"):
+        return {"schema_version": 1, "task": {"kind": "classification", "classes": 2}, "input": {"channels": 3},
+                "model": {"d_model": 8, "depth": 2, "block": {"norm": norm},
+                          "stacking": {"policy": "periodic", "period": 1, "norms": norms},
+                          "core": {"kind": "lru", "preset": "tiny"}}}
+
+    with caplog.at_level(logging.WARNING, logger="zoo_core.build"):
+        build_model(spec("batch"))
+    assert "ema_batch" in caplog.text and "per_position" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="zoo_core.build"):
+        build_model(spec("ema_batch"))
+        build_model(spec("batch", "per_position"))
+    assert caplog.text == ""

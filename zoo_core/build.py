@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -20,6 +21,9 @@ from .stack import Stack
 from .stacking import pattern
 
 
+log = logging.getLogger(__name__)
+
+
 def build_model(
     spec: Spec | str | os.PathLike[str] | Mapping[str, Any],
     *,
@@ -33,6 +37,15 @@ def build_model(
         spec = load_spec(spec, registry=registry)
     with using_registry(registry):  # cores resolve backends in the registry their spec was checked in
         return _assemble(spec, device=device, dtype=dtype, seed=seed)
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning(message)
 
 
 def _assemble(spec: Spec, *, device: Any, dtype: Any, seed: int | None) -> SequenceModel:
@@ -49,6 +62,14 @@ def _assemble(spec: Spec, *, device: Any, dtype: Any, seed: int | None) -> Seque
         for _ in range(spec.policy.num_blocks(m.depth))
     ]
     st = m.stacking
+    if m.block.norm == "batch" and st.norms == "shared" and len(blocks) < len(schedule):
+        _warn_once(
+            f"{spec.filename}: model.block.norm 'batch' in a block reused across depth ({pattern(schedule)}) keeps one "
+            "set of running statistics for every position it runs at, so eval mode normalises each position with "
+            "their average (measured: shared LRU models at 34-51% test accuracy where ABCDEF reached 97%, "
+            "benchmarks/REPRO.md). Use norm: ema_batch (block preset uea-ema, as the seed's JAX code) or "
+            "model.stacking.norms: per_position"
+        )
     stack = Stack(blocks, schedule, damping=st.damping,
                   damping_init=0.9 if st.damping_init is None else st.damping_init, norms=st.norms)
     reshaper = None
