@@ -252,3 +252,14 @@ def test_padding_with_a_non_causal_core_is_refused():
     model(x, lengths=torch.tensor([6, 6]))  # no padding: fine
     with pytest.raises(ValueError, match="not causal"):
         model(x, lengths=torch.tensor([6, 4]))
+
+
+def test_tied_embeddings_start_small():
+    """A tied LM head starts near uniform (N(0, 0.02) embedding), not with logits ~√d_model wide."""
+    import math
+
+    model = build_model(spec({"kind": "lm"}, {"vocab_size": 84}, d_model=64, tie_embeddings=True, final_norm="rms"), seed=0)
+    assert model.encoder.weight.std().item() < 0.03
+    ids = torch.randint(0, 84, (4, 16))
+    loss = torch.nn.functional.cross_entropy(model(ids).reshape(-1, 84), ids.roll(-1, 1).reshape(-1))
+    assert loss.item() < 2 * math.log(84)

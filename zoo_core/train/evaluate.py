@@ -30,8 +30,9 @@ def run_context(model_dir: Path) -> dict[str, Any]:
     """Protocol settings of the ``zoo train`` run a model folder belongs to ({} if none)."""
     found: dict[str, Any] = {}
     result, run = model_dir.parent / "result.json", model_dir.parent.parent.parent / "run.json"
-    if result.is_file():
-        found["seed"] = json.loads(result.read_text(encoding="utf-8"))["seed"]
+    if not result.is_file():  # not <run>/seed-<s>/lr-<lr>/best: nothing above it belongs to a run
+        return found
+    found["seed"] = json.loads(result.read_text(encoding="utf-8"))["seed"]
     if run.is_file():
         fp = json.loads(run.read_text(encoding="utf-8")).get("fingerprint", {})
         t = fp.get("training", {})
