@@ -1,5 +1,6 @@
 # Two commands for a fresh machine (see README):
-#   make demo   set everything up, then stream a real sequence through an S4D model
+#   make demo   set everything up, pull a pretrained model by tag and score it on its held-out split,
+#               then stream a real sequence through an S4D model
 #   make test   set everything up, then run the whole test suite
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -24,6 +25,8 @@ $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) Makef
 	touch $@
 
 demo: setup
+	$(VENV)/bin/zoo pull lru-aaaaaa.japanesevowels
+	$(VENV)/bin/zoo eval lru-aaaaaa.japanesevowels --adaptive
 	$(VENV)/bin/zoo stream specs/s4d-basicmotions.yaml
 
 test: setup
