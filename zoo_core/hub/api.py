@@ -10,8 +10,9 @@ What this layer adds to the client:
 - revisions are resolved to commit shas and returned (``PullResult.commit``); ``--local-dir``
   pulls also write it to ``zoo-pull.json``;
 - the sha256 of every pulled file is checked, against the registry's pin where one exists and
-  always against the content hash the Hub announced (the cache blob's name: sha256 for LFS files,
-  git sha1 for the others); the client checks only sizes. A file that fails is removed from the
+  against the content hash the Hub announced (the cache blob's name: sha256 for LFS files, git sha1
+  for the others; for ``--local-dir`` pulls, the client's download metadata — when that is missing
+  and no pin exists, a warning says the file is unverified); the client checks only sizes. A file that fails is removed from the
   cache (blob and pointer) and downloaded once more; a second failure is an error;
 - a transient failure (5xx, 408/429, dropped connection, truncated body) is retried
   ``ZOO_HUB_RETRIES`` times in all (default 3) with exponential backoff from ``ZOO_HUB_BACKOFF``
@@ -230,11 +231,16 @@ def _git_sha1(path: Path) -> str:
     return h.hexdigest()
 
 
+def _download_metadata(folder: Path, name: str) -> list[str]:
+    """The lines huggingface_hub records beside a ``--local-dir`` download: commit sha, etag, time."""
+    meta = folder / ".cache" / "huggingface" / "download" / f"{name}.metadata"
+    return meta.read_text().splitlines() if meta.is_file() else []
+
+
 def _announced_etag(folder: Path, name: str, local_dir: bool) -> str | None:
     """The content hash the Hub announced for a pulled file (LFS: sha256; regular: git sha1)."""
     if local_dir:
-        meta = folder / ".cache" / "huggingface" / "download" / f"{name}.metadata"
-        lines = meta.read_text().splitlines() if meta.is_file() else []
+        lines = _download_metadata(folder, name)
         return lines[1].strip() if len(lines) > 1 else None
     target = Path(os.path.realpath(folder / name))
     return target.name if target != (folder / name).absolute() else None
@@ -255,6 +261,9 @@ def _verify(folder: Path, names: list[str], pins: Mapping[str, str], local_dir: 
             bad[name] = f"sha256 {digest[:16]}... but the Hub announced {etag[:16]}..."
         elif etag and len(etag) == 40 and _git_sha1(path) != etag:
             bad[name] = f"git sha1 differs from the {etag[:16]}... the Hub announced"
+        elif name not in pins and not etag:
+            log.warning("%s: no registry pin and no hash announced by the Hub on record (its download metadata is "
+                        "missing), so its content is not verified; sha256 %s", path, digest)
     return hashes, bad
 
 
@@ -273,8 +282,7 @@ def _evict(folder: Path, name: str, local_dir: bool) -> None:
 
 
 def _local_commit(folder: Path) -> str | None:
-    meta = folder / ".cache" / "huggingface" / "download" / f"{WEIGHTS}.metadata"
-    lines = meta.read_text().splitlines() if meta.is_file() else []
+    lines = _download_metadata(folder, WEIGHTS)
     return lines[0].strip() if lines else None
 
 
