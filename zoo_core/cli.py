@@ -252,7 +252,15 @@ def _plugin_commands(sub: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    return run(_parser(), argv)
+
+
+def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the chosen command with the zoo's logging, messages and exit codes.
+
+    ``parser`` needs a ``-v/--verbose`` flag and subcommands that set ``fn`` and ``command``
+    (``zoo`` itself, and the ``python -m zoo_core.train`` / ``python -m zoo_core.hub.cli`` entry points).
+    """
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     if not getattr(args, "fn", None):

@@ -10,14 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
-
-from ..errors import ZooError
-
-log = logging.getLogger("zoo_core.hub.cli")
 
 
 def cmd_push(args: argparse.Namespace) -> int:
@@ -120,18 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     register_cli(sub)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    if not getattr(args, "fn", None):
-        parser.print_help()
-        return 2
-    try:
-        return int(args.fn(args) or 0)
-    except ZooError as exc:
-        if args.verbose:
-            raise
-        print(f"zoo {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    from ..cli import run
+
+    return run(parser, argv)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecError, ZooError
+from ..errors import SpecError
 
 
 def _floats(text: str) -> list[float]:
@@ -128,11 +128,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo_core.train")
     parser.add_argument("-v", "--verbose", action="store_true")
     register_cli(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return int(args.fn(args) or 0)
-    except ZooError as exc:
-        if args.verbose:
-            raise
-        print(f"zoo {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    from ..cli import run
+
+    return run(parser, argv)
