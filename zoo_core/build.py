@@ -53,12 +53,11 @@ def _assemble(spec: Spec, *, device: Any, dtype: Any, seed: int | None) -> Seque
         torch.manual_seed(seed)
     env, m = spec.envelope, spec.envelope.model
     kw = {"device": device, "dtype": dtype}
-    core_cls = spec.core.load()
     params = spec.core_params.model_dump()
     schedule = spec.policy.schedule(m.depth)
     recipe = m.block.recipe()
     blocks = [
-        make_block(m.block.layout, core_cls(**params, **kw), m.d_model, **recipe, **kw)
+        make_block(m.block.layout, spec.core.instantiate(**params, **kw), m.d_model, **recipe, **kw)
         for _ in range(spec.policy.num_blocks(m.depth))
     ]
     st = m.stacking

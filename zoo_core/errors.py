@@ -70,5 +70,9 @@ class DuplicateNameError(PluginError):
     """Two plugins registered the same name."""
 
 
+class NameConflictError(DuplicateNameError):
+    """A command needs a name that two plugins claim, so neither provides it (both named)."""
+
+
 class PluginAPIVersionError(PluginError):
     """A plugin was written for an incompatible zoo plugin API."""

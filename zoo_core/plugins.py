@@ -2,9 +2,19 @@
 
 Every plugin, zoo-core's own defaults included, is an entry point in the group
 ``zoo_core.plugins``. A plugin that fails to import, fails pluggy's validation, declares an
-incompatible API or raises while registering is recorded as failed and costs only itself; with
-``ZOO_STRICT_PLUGINS=1`` any such failure is fatal. Two plugins registering one name is always an
-error naming both.
+incompatible API or raises while registering (any exception, ``SystemExit`` and a
+``KeyboardInterrupt`` it raises itself included) is recorded as failed and costs only itself; with
+``ZOO_STRICT_PLUGINS=1`` any such failure is fatal. A name two plugins register is used from
+neither, whatever the install order (both are listed as ``conflict``), unless one of them is
+zoo-core or the distribution ``registry.yaml`` names for that core: that one keeps it. A plugin's
+other registrations keep working. Changes a plugin makes to global torch state while it loads are
+undone and reported (``plugin_guard``).
+
+What cannot be stopped in-process: a plugin is code you installed. ``os._exit``, killing the
+process, monkeypatching zoo-core or torch, threads it starts: ``zoo plugins`` shows which plugins
+were imported, and ``ZOO_LOAD_PLUGINS`` (an allow-list) is the defence. A real Ctrl-C during
+loading stops the command as usual; a ``KeyboardInterrupt`` the plugin raises without one is its
+failure (a SIGINT handler tells the two apart while plugins load, in the main thread).
 
 Environment: ``ZOO_LOAD_PLUGINS=a,b`` loads only those (by entry-point or distribution name;
 ``''`` loads none), ``ZOO_DISABLE_PLUGIN_AUTOLOAD=1`` loads none; zoo-core's own defaults always
@@ -16,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib.metadata as md
+import logging
 import os
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -23,18 +34,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pluggy
+import yaml
 
 from . import hookspecs
 from .errors import DuplicateNameError, PluginLoadError
+from .plugin_guard import CtrlC, TorchImportWatch, guarded_torch_state, watching_torch_import
 from .registry import (
+    KIND_LABELS,
+    KNOWN_PLUGINS,
     OPS,
     BackendEntry,
+    Conflict,
     CoreEntry,
     DiscretizerEntry,
     Provider,
     Registry,
     SimpleEntry,
+    constructor_problem,
 )
+
+log = logging.getLogger(__name__)
 
 GROUP = "zoo_core.plugins"
 PLUGIN_API = 1
@@ -50,11 +69,14 @@ class PluginInfo:
     dist: str
     version: str
     module: str
-    status: str = "loaded"  # loaded | failed | disabled
+    status: str = "loaded"  # loaded | conflict (some names lost to another plugin) | failed | disabled
     error: str = ""
     hooks: list[str] = field(default_factory=list)
     provides: dict[str, list[str]] = field(default_factory=dict)
     plugin: Any = field(default=None, repr=False, compare=False)
+    imported: bool = False  # its module code ran in this process (whatever its status now)
+    conflicts: list[str] = field(default_factory=list)  # one line per name it shares with another plugin
+    warnings: list[str] = field(default_factory=list)  # e.g. global torch state it changed (restored)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +88,9 @@ class PluginInfo:
             "error": self.error,
             "hooks": self.hooks,
             "provides": self.provides,
+            "imported": self.imported,
+            "conflicts": self.conflicts,
+            "warnings": self.warnings,
             "api_version": PLUGIN_API,
         }
 
@@ -140,13 +165,23 @@ _HOOKS = {
     "converters": "zoo_register_converters",
 }
 
+Staged = dict[str, list[tuple[Any, Any]]]
+
 
 def _make_register(kind: str, prov: Provider, out: list[tuple[Any, Any]]) -> Callable[..., None]:
-    """A register() for one plugin and kind, appending (key, entry) to ``out``."""
+    """A register() for one plugin and kind, appending (key, entry) to ``out``.
+
+    These signatures are the plugin API: ``hookspecs.py`` documents them verbatim (a test compares).
+    """
 
     def register_core(name: str, target: Any, *, params: type, presets: dict, capabilities: Iterable[str] = (), card: str = "") -> None:
         if "tiny" not in presets:
             raise ValueError(f"core {name!r} registers no 'tiny' preset (every core needs one for tests)")
+        if not isinstance(target, str):  # a class given directly: its constructor can be checked now
+            problem = constructor_problem(target, params)
+            if problem:
+                raise ValueError(f"core {name!r}: {problem} (a core's constructor must accept every params field, "
+                                 "backend included, plus device and dtype)")
         out.append((name, CoreEntry(name, target, params, dict(presets), frozenset(capabilities), card, prov)))
 
     def register_backend(name: str, op: str, target: Any, *, priority: int = 0, supports: Callable | None = None,
@@ -165,10 +200,10 @@ def _make_register(kind: str, prov: Provider, out: list[tuple[Any, Any]]) -> Cal
     return {"cores": register_core, "backends": register_backend, "discretizers": register_discretizer}.get(kind, register_simple)
 
 
-def _call_hooks(pm: pluggy.PluginManager, info: PluginInfo, plugin: Any) -> dict[str, list[tuple[Any, Any]]]:
+def _call_hooks(pm: pluggy.PluginManager, info: PluginInfo, plugin: Any) -> Staged:
     """Call each registration hook of one plugin on its own; raise on the plugin's first error."""
     prov = Provider(info.name, info.dist, info.version)
-    staged: dict[str, list[tuple[Any, Any]]] = {}
+    staged: Staged = {}
     for kind, hook in _HOOKS.items():
         impls = [i for i in getattr(pm.hook, hook).get_hookimpls() if i.plugin is plugin]
         for impl in impls:
@@ -176,59 +211,151 @@ def _call_hooks(pm: pluggy.PluginManager, info: PluginInfo, plugin: Any) -> dict
             impl.function(_make_register(kind, prov, items))
             staged.setdefault(kind, []).extend(items)
             info.hooks.append(hook)
+    for kind, items in staged.items():
+        keys = [key for key, _ in items]
+        twice = sorted({str(k) for k in keys if keys.count(k) > 1})
+        if twice:
+            raise ValueError(f"registers {KIND_LABELS[kind]} {', '.join(twice)} more than once")
     return staged
 
 
-def _commit(reg: Registry, info: PluginInfo, staged: dict[str, list[tuple[Any, Any]]]) -> None:
-    """Add one plugin's registrations, all or nothing; a name taken already is a DuplicateNameError."""
-    for kind, items in staged.items():
-        table = getattr(reg, kind)
-        for key, entry in items:
-            if key in table:
-                other = table[key].provider
-                label = f"{key[0]} backend {key[1]!r}" if isinstance(key, tuple) else f"{kind[:-1].replace('_', ' ')} {key!r}"
-                raise DuplicateNameError(
-                    f"{label} is registered twice: by {other} and by {entry.provider}. "
-                    "Uninstall one of them, or restrict loading with ZOO_LOAD_PLUGINS."
-                )
-    for kind, items in staged.items():
-        table = getattr(reg, kind)
-        for key, entry in items:
-            table[key] = entry
-            info.provides.setdefault(kind, []).append(key if isinstance(key, str) else f"{key[0]}:{key[1]}")
+def _fail(info: PluginInfo, ctrl_c: CtrlC, what: str, exc: BaseException) -> None:
+    """Record a plugin's exception as its failure; the user's own Ctrl-C still stops the command."""
+    if ctrl_c.is_users(exc):
+        raise exc
+    info.status, info.error = "failed", f"{what}: {_short(exc)}"
+    info.hooks.clear()
 
 
-def _load_one(pm: pluggy.PluginManager, src: PluginSource) -> tuple[PluginInfo, Any]:
+def _load_one(pm: pluggy.PluginManager, src: PluginSource, ctrl_c: CtrlC) -> tuple[PluginInfo, Any]:
+    """Import one plugin and check its API and hooks; every exception is the plugin's (BaseException
+    included: SystemExit or KeyboardInterrupt raised by its code must not end the command)."""
     info = PluginInfo(src.name, src.dist, src.version, src.module)
     try:
+        info.imported = True
         plugin = src.load()
-    except BaseException as exc:  # a plugin's import may raise anything, SystemExit included
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        info.status, info.error = "failed", f"import failed: {_short(exc)}"
+    except BaseException as exc:  # noqa: BLE001 - a plugin's import may raise anything
+        _fail(info, ctrl_c, "import failed", exc)
         return info, None
     api = _api_error(plugin)
     if api:
         info.status, info.error = "failed", api
         return info, None
-    pm_name = f"{src.dist}:{src.name}"
     try:
-        pm.register(plugin, name=pm_name)
+        pm.register(plugin, name=f"{src.dist}:{src.name}")
         pm.check_pending()
-    except Exception as exc:
+    except BaseException as exc:  # noqa: BLE001 - pluggy validates the plugin's own attributes
         if pm.is_registered(plugin):
             pm.unregister(plugin)
-        info.status, info.error = "failed", f"invalid hooks: {_short(exc)}"
+        _fail(info, ctrl_c, "invalid hooks", exc)
         return info, None
     return info, plugin
+
+
+def _stage(pm: pluggy.PluginManager, src: PluginSource, ctrl_c: CtrlC, watch: TorchImportWatch) -> tuple[PluginInfo, Staged | None]:
+    """Import and register one plugin under guard: its exceptions and its changes to global torch
+    state are recorded on its PluginInfo and cost nobody else."""
+    changes: list[str] = []
+    staged: Staged | None = None
+    with guarded_torch_state(watch, changes):
+        info, plugin = _load_one(pm, src, ctrl_c)
+        if plugin is not None:
+            try:
+                staged = _call_hooks(pm, info, plugin)
+                info.plugin = plugin
+            except BaseException as exc:  # noqa: BLE001 - the plugin's registration code
+                _fail(info, ctrl_c, "registration raised", exc)
+                pm.unregister(plugin)
+    for change in changes:
+        text = f"changed torch's {change} while loading; restored (a plugin must not change global torch state)"
+        info.warnings.append(text)
+        log.warning("plugin %r (%s %s) %s", info.name, info.dist, info.version, text)
+    return info, staged
+
+
+def _catalogue_owners() -> dict[str, str]:
+    """core name -> the distribution ``registry.yaml`` names for it (its ``plugins:`` section), read
+    without torch; the built-in table when zoo-core runs without its checkout's registry.yaml."""
+    from .hub.catalogue import default_path
+
+    path = default_path()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else None
+    except (OSError, yaml.YAMLError) as exc:
+        log.warning("cannot read the plugin catalogue %s (%s); using the built-in table of core owners", path, exc)
+        data = None
+    section = data.get("plugins") if isinstance(data, dict) else None
+    if not isinstance(section, dict):
+        return dict(KNOWN_PLUGINS)
+    owners: dict[str, str] = {}
+    for dist, entry in section.items():
+        for core in (entry or {}).get("cores", []) if isinstance(entry, dict) else []:
+            owners[str(core)] = str(dist)
+    return owners
+
+
+def _owner(kind: str, key: Any, claims: list[tuple[PluginInfo, Any]], owners: Callable[[], dict[str, str]]) -> tuple[Any, str]:
+    """The claim that keeps a contested name and why, or (None, ""): zoo-core's own registrations,
+    then for a core the distribution the catalogue names for it; never the load order."""
+    core_claims = [c for c in claims if c[1].provider.dist == CORE_DIST]
+    if len(core_claims) == 1:
+        return core_claims[0], "zoo-core's own"
+    if kind == "cores" and not core_claims:
+        dist = owners().get(key)
+        named = [c for c in claims if c[1].provider.dist == dist]
+        if len(named) == 1:
+            return named[0], f"registry.yaml names {dist} for it"
+    return None, ""
+
+
+def _resolve_claims(reg: Registry, staged: list[tuple[PluginInfo, Staged]]) -> None:
+    """Commit every registration; a name claimed by several plugins goes to its owner (``_owner``)
+    or to nobody, and each claimant records the conflict. Order independent by construction."""
+    claims: dict[tuple[str, Any], list[tuple[PluginInfo, Any]]] = {}
+    for info, items in staged:
+        for kind, pairs in items.items():
+            for key, entry in pairs:
+                claims.setdefault((kind, key), []).append((info, entry))
+    cache: dict[str, dict[str, str]] = {}
+    owners = lambda: cache.setdefault("owners", _catalogue_owners())  # noqa: E731 - read only if needed
+    for (kind, key), found in claims.items():
+        winner, why = (found[0], "") if len(found) == 1 else _owner(kind, key, found, owners)
+        if len(found) > 1:
+            provs = tuple(sorted((e.provider for _, e in found), key=lambda p: (p.dist, p.plugin)))
+            record = Conflict(kind, key, provs, winner[1].provider if winner else None, why)
+            reg.conflicts[(kind, key)] = record
+            for info, entry in found:
+                info.conflicts.append(record.note_for(entry.provider))
+                if winner is None or winner[0] is not info:
+                    info.status = "conflict"
+        if winner is not None:
+            info, entry = winner
+            getattr(reg, kind)[key] = entry
+            info.provides.setdefault(kind, []).append(key if isinstance(key, str) else f"{key[0]}:{key[1]}")
+
+
+def _check_fatal(info: PluginInfo, strict: bool) -> None:
+    """zoo-core's own plugins must load; with ZOO_STRICT_PLUGINS every plugin must."""
+    if info.status not in ("failed", "conflict") or not (strict or info.dist == CORE_DIST):
+        return
+    why = " (fatal because ZOO_STRICT_PLUGINS is set)" if info.dist != CORE_DIST else ""
+    if info.status == "conflict":
+        raise DuplicateNameError(f"plugin {info.name!r} from {info.dist} {info.version} conflicts with another: "
+                                 f"{'; '.join(info.conflicts)}. Uninstall one of them, or restrict loading with "
+                                 f"ZOO_LOAD_PLUGINS{why}")
+    raise PluginLoadError(f"plugin {info.name!r} from {info.dist} {info.version} failed to load: {info.error}{why}")
 
 
 def load_registry(sources: Sequence[PluginSource] | None = None, *, strict: bool | None = None) -> Registry:
     """Load plugins into a fresh Registry.
 
+    Every plugin is imported and registers on its own (a failure of any kind costs only it), then
+    all registrations are committed at once so a name claimed twice is settled the same way
+    whatever the install order (``_owner``).
+
     Args:
         sources: what to load; defaults to the installed entry points of ``zoo_core.plugins``.
-        strict: make any plugin failure fatal; defaults to ``ZOO_STRICT_PLUGINS``.
+        strict: make any plugin failure or conflict fatal; defaults to ``ZOO_STRICT_PLUGINS``.
     """
     strict = strict_mode() if strict is None else strict
     if sources is None:
@@ -241,34 +368,22 @@ def load_registry(sources: Sequence[PluginSource] | None = None, *, strict: bool
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     reg = Registry()
-    for src in sources:
-        if not _selected(src):
-            reg.plugins.append(PluginInfo(src.name, src.dist, src.version, src.module, status="disabled"))
-            continue
-        info, plugin = _load_one(pm, src)
-        if plugin is not None:
-            try:
-                staged = _call_hooks(pm, info, plugin)
-            except Exception as exc:
-                info.status, info.error = "failed", f"registration raised: {_short(exc)}"
-                info.hooks.clear()
-                pm.unregister(plugin)
-            else:
-                try:
-                    _commit(reg, info, staged)
-                    info.plugin = plugin
-                except DuplicateNameError as exc:
-                    if strict:
-                        raise
-                    info.status, info.error = "failed", str(exc)
-                    info.hooks.clear()
-                    pm.unregister(plugin)
-        reg.plugins.append(info)
-        if info.status == "failed" and (strict or src.dist == CORE_DIST):
-            raise PluginLoadError(
-                f"plugin {src.name!r} from {src.dist} {src.version} failed to load: {info.error}"
-                + ("" if src.dist == CORE_DIST else " (fatal because ZOO_STRICT_PLUGINS is set)")
-            )
+    staged: list[tuple[PluginInfo, Staged]] = []
+    with watching_torch_import() as watch, CtrlC().installed() as ctrl_c:
+        for src in sources:
+            if not _selected(src):
+                reg.plugins.append(PluginInfo(src.name, src.dist, src.version, src.module, status="disabled"))
+                continue
+            info, items = _stage(pm, src, ctrl_c, watch)
+            reg.plugins.append(info)
+            if items is not None:
+                staged.append((info, items))
+            _check_fatal(info, strict)
+    _resolve_claims(reg, staged)
+    for info in reg.plugins:
+        _check_fatal(info, strict)
+    for record in reg.conflicts.values():
+        log.warning("%s", record.message() if record.owner is None else record.note_for(record.owner))
     return reg
 
 
@@ -277,11 +392,13 @@ def call_command_hooks(cli: Any, reg: Registry | None = None) -> list[str]:
     problems = []
     for info in (reg or get_registry()).plugins:
         fn = getattr(info.plugin, "zoo_register_commands", None)
-        if info.status != "loaded" or fn is None:
+        if info.status not in ("loaded", "conflict") or fn is None:
             continue
         try:
             fn(cli)
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - SystemExit from a plugin must not end the command
+            if isinstance(exc, KeyboardInterrupt):
+                raise  # outside the guarded load a Ctrl-C cannot be told apart: the user's wins
             problems.append(f"plugin {info.name!r} ({info.dist} {info.version}) failed to add commands: {_short(exc)}")
     return problems
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import BackendUnavailableError, UnknownNameError, did_you_mean
+from .errors import BackendUnavailableError, NameConflictError, PluginLoadError, UnknownNameError, did_you_mean
 
 # Distributions that provide the built-in families; used only for install hints.
 KNOWN_PLUGINS: dict[str, str] = {
@@ -53,9 +54,7 @@ def _resolve(target: Any, provider: Provider | None = None) -> Any:
         obj: Any = importlib.import_module(module)
         for part in attr.split(".") if attr else []:
             obj = getattr(obj, part)
-    except Exception as exc:
-        from .errors import PluginLoadError
-
+    except (Exception, SystemExit) as exc:  # model code exiting at import is the plugin's failure too
         who = f" registered by {provider}" if provider is not None else ""
         raise PluginLoadError(
             f"cannot import {target!r}{who}: {type(exc).__name__}: {exc}. The plugin's model code is "
@@ -75,8 +74,30 @@ class CoreEntry:
     provider: Provider
 
     def load(self) -> type:
-        """The core class (imports the plugin's model code)."""
-        return _resolve(self.target, self.provider)
+        """The core class (imports the plugin's model code), refused with the plugin named when its
+        constructor cannot take what every build passes (its params fields, device, dtype)."""
+        cls = _resolve(self.target, self.provider)
+        problem = constructor_problem(cls, self.params)
+        if problem:
+            raise PluginLoadError(self._broken(problem))
+        return cls
+
+    def instantiate(self, **kwargs: Any) -> Any:
+        """Build one core from keyword arguments; a signature mismatch names the plugin (exit 4)
+        instead of a TypeError traceback from deep inside the model assembly."""
+        cls = self.load()
+        try:
+            inspect.signature(cls).bind(**kwargs)
+        except TypeError as exc:
+            raise PluginLoadError(self._broken(f"its constructor refuses {sorted(kwargs)}: {exc}")) from None
+        except ValueError:
+            pass  # no introspectable signature (a C type): let the call speak
+        return cls(**kwargs)
+
+    def _broken(self, problem: str) -> str:
+        return (f"core {self.name!r} registered by {self.provider} cannot be built: {problem}. A core's constructor "
+                "must accept every field of its params model (d_model, backend, ...) plus device and dtype as "
+                "keyword arguments; fix or upgrade the plugin (or uninstall it)")
 
     def preset(self, name: str) -> dict[str, Any]:
         if name not in self.presets:
@@ -176,11 +197,36 @@ class Registry:
     datasets: dict[str, SimpleEntry] = field(default_factory=dict)
     converters: dict[str, SimpleEntry] = field(default_factory=dict)
     plugins: list[Any] = field(default_factory=list)  # PluginInfo, in load order
+    conflicts: dict[tuple[str, Any], Conflict] = field(default_factory=dict)  # (kind, key) claimed twice
+
+    # conflicts and provenance ------------------------------------------------------------
+    def conflict(self, kind: str, key: Any) -> Conflict | None:
+        """The record of ``key`` being claimed by several plugins (resolved or not), or None."""
+        return self.conflicts.get((kind, key))
+
+    def in_conflict(self, name: Any, kind: str = "cores") -> bool:
+        """True when several plugins claim ``name`` and none keeps it: every use of it fails (exit 4)."""
+        found = self.conflict(kind, name)
+        return found is not None and found.owner is None
+
+    def provider_of(self, kind: str, key: Any) -> Provider | None:
+        """Who provides ``key`` now (None: unregistered, or claimed twice with no owner)."""
+        entry = getattr(self, kind).get(key)
+        return None if entry is None else entry.provider
+
+    def core_provider(self, name: str) -> Provider | None:
+        """The plugin whose code builds core ``name`` (compare with a weights file's ``versions``)."""
+        return self.provider_of("cores", name)
+
+    def _refuse_conflict(self, kind: str, key: Any) -> None:
+        if self.in_conflict(key, kind):
+            raise NameConflictError(self.conflicts[(kind, key)].message())
 
     # lookups -----------------------------------------------------------------------------
     def core(self, name: str) -> CoreEntry:
         if name in self.cores:
             return self.cores[name]
+        self._refuse_conflict("cores", name)
         msg = f"unknown core {name!r};{did_you_mean(name, self.cores)}"
         family = name.split("-")[0]
         if name in KNOWN_PLUGINS or family in KNOWN_PLUGINS:
@@ -198,6 +244,7 @@ class Registry:
     def backend(self, op: str, name: str) -> BackendEntry:
         if (op, name) in self.backends:
             return self.backends[(op, name)]
+        self._refuse_conflict("backends", (op, name))
         names = [n for (o, n) in self.backends if o == op]
         return _raise_unknown(
             f"unknown {op} backend {name!r};{did_you_mean(name, names)} {op} backends: {', '.join(sorted(names))}."
@@ -211,6 +258,7 @@ class Registry:
     def discretizer(self, name: str) -> DiscretizerEntry:
         if name in self.discretizers:
             return self.discretizers[name]
+        self._refuse_conflict("discretizers", name)
         return _raise_unknown(
             f"unknown discretizer {name!r};{did_you_mean(name, self.discretizers)} discretizers: {', '.join(sorted(self.discretizers))}."
         )
@@ -218,6 +266,7 @@ class Registry:
     def stacking_policy(self, name: str) -> SimpleEntry:
         if name in self.stacking_policies:
             return self.stacking_policies[name]
+        self._refuse_conflict("stacking_policies", name)
         return _raise_unknown(
             f"unknown stacking policy {name!r};{did_you_mean(name, self.stacking_policies)} policies: {', '.join(sorted(self.stacking_policies))}."
         )
@@ -236,6 +285,81 @@ class Registry:
 
 def _raise_unknown(msg: str) -> Any:
     raise UnknownNameError(msg)
+
+
+def constructor_problem(cls: Any, params: Any) -> str | None:
+    """Why ``cls(**params fields, device=, dtype=)`` cannot work, or None. Checked on the signature
+    alone, so a broken plugin is named before any model is assembled."""
+    if not callable(cls):
+        return f"its target is a {type(cls).__name__}, not a class"
+    fields = getattr(params, "model_fields", None)
+    try:
+        sig = inspect.signature(cls)
+    except (TypeError, ValueError):
+        return None  # not introspectable: instantiate() reports what the call does
+    ps = sig.parameters.values()
+    if fields is None or any(p.kind is p.VAR_KEYWORD for p in ps):
+        return None
+    keywords = {p.name for p in ps if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    missing = [n for n in [*fields, "device", "dtype"] if n not in keywords]
+    if missing:
+        return f"its constructor {cls.__name__}{sig} does not accept {', '.join(missing)}"
+    required = [p.name for p in ps if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL,) and p.name not in fields
+                and p.name not in ("device", "dtype")]
+    if required:
+        return f"its constructor requires {', '.join(required)}, which its params model does not declare"
+    return None
+
+
+# singular labels of each kind, for messages
+KIND_LABELS: dict[str, str] = {
+    "cores": "core",
+    "backends": "backend",
+    "discretizers": "discretizer",
+    "stacking_policies": "stacking policy",
+    "datasets": "dataset",
+    "converters": "converter",
+}
+
+
+def label(kind: str, key: Any) -> str:
+    """``core 's4d'``, ``scan backend 'naive'``, ``stacking policy 'periodic'``."""
+    if isinstance(key, tuple):
+        return f"{key[0]} backend {key[1]!r}"
+    return f"{KIND_LABELS.get(kind, kind)} {key!r}"
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """One name claimed by several plugins. ``owner`` keeps it (zoo-core itself, or the distribution
+    registry.yaml names for the core); with no owner nobody does, whatever the install order."""
+
+    kind: str
+    key: Any
+    claimants: tuple[Provider, ...]  # sorted by distribution, so messages do not depend on load order
+    owner: Provider | None = None
+    why: str = ""
+
+    def others(self, prov: Provider) -> list[Provider]:
+        return [c for c in self.claimants if c != prov]
+
+    def message(self) -> str:
+        """What failed, why, and the fix: for the error of a command that needs the name."""
+        who = " and ".join(str(c) for c in self.claimants)
+        dists = sorted({c.dist for c in self.claimants})
+        return (f"{label(self.kind, self.key)} is registered by {who}; a name claimed by two plugins is used from "
+                f"neither (the install order must not decide which code runs). Uninstall the one you do not want "
+                f"(pip uninstall {' or pip uninstall '.join(dists)}), or leave it out of an allow-list: "
+                f"ZOO_LOAD_PLUGINS=<the plugins you use> (see `zoo plugins`)")
+
+    def note_for(self, prov: Provider) -> str:
+        """One line for ``zoo plugins`` about this plugin's part in the conflict."""
+        others = ", ".join(str(o) for o in self.others(prov))
+        if self.owner is None:
+            return f"{label(self.kind, self.key)} is also registered by {others}: used from neither"
+        if self.owner == prov:
+            return f"{label(self.kind, self.key)} is also registered by {others}: kept here ({self.why})"
+        return f"{label(self.kind, self.key)} is also registered by {self.owner}, which keeps it ({self.why}): not used from here"
 
 
 def check_backend(entry: BackendEntry, problem: Problem, who: str) -> None:
