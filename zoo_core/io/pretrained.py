@@ -92,6 +92,12 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike[str]) -> Path
     ``directory`` must be new, empty, or a folder this function wrote before.
     """
     _check_replaceable(directory)
+    return atomic_write_dir(directory, model_files(model))
+
+
+def model_files(model: nn.Module) -> dict[str, Any]:
+    """The files of a saved model, for ``atomic_write_dir``: callers that add files of their own
+    (training checkpoints) write them in the same staging folder instead of copying a saved one."""
     spec = getattr(model, "spec", None)
     if not spec:
         raise ValueError("this model carries no spec; build it with zoo_core.build_model to save it")
@@ -118,7 +124,7 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike[str]) -> Path
         WEIGHTS: lambda p: Path(p).write_bytes(canonical_safetensors(to_save, meta)),
         CONFIG: (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
     }
-    return atomic_write_dir(directory, files)
+    return files
 
 
 def _json_meta(meta: Mapping[str, str], key: str, source: str) -> Any:

@@ -28,7 +28,7 @@ from ..io.pretrained import load_weights_file, save_pretrained
 from ..spec.training import TrainingSpec
 from .ddp import DistContext, shard
 from .progress import Progress
-from .state import load_checkpoint, save_checkpoint
+from .state import load_checkpoint, save_checkpoint, sweep_run_folder
 
 
 class TrainingDivergedError(ZooError, FloatingPointError):
@@ -196,6 +196,9 @@ def fit(model: nn.Module, train: SplitData, val: SplitData, test: SplitData, ctx
     the best validation epoch) and ``result.json`` (written last: a run with it is complete).
     """
     d, cfg, task = ctx.directory, ctx.cfg, ctx.task
+    if ctx.dist.is_main:  # before anything is read: a swap killed between its renames is restored first
+        sweep_run_folder(d)
+    ctx.dist.barrier()
     result_path = d / "result.json"
     if result_path.is_file():
         return json.loads(result_path.read_text(encoding="utf-8"))

@@ -13,8 +13,10 @@ never a mix of two epochs.
 from __future__ import annotations
 
 import json
+import logging
+import os
+import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +25,15 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import CheckpointError
-from ..io.atomic import atomic_write_dir
-from ..io.pretrained import CONFIG, WEIGHTS, load_weights_file, save_pretrained
+from ..io.atomic import atomic_write_dir, recover_dir
+from ..io.pretrained import load_weights_file, model_files
 
 OPTIMIZER = "optimizer.safetensors"
 TRAINER = "trainer.json"
+RUN_FOLDERS = ("checkpoint", "best", "result.json")
+"""What ``fit`` writes atomically in a run folder (the names whose leftovers a new start sweeps)."""
+
+log = logging.getLogger(__name__)
 
 
 def flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -62,22 +68,59 @@ def unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) 
 
 
 def save_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, trainer: dict[str, Any]) -> Path:
-    """Write the checkpoint folder atomically (see the module docstring)."""
-    directory = Path(directory)
+    """Write the checkpoint folder atomically (see the module docstring).
+
+    Every file is written straight into ``atomic_write_dir``'s staging folder (no scratch copy of
+    the model beside it: on a small disk that copy turned a checkpoint that fits into disk-full),
+    and a killed write leaves only a staging name that the next write, or ``sweep_run_folder``,
+    deletes.
+    """
     tensors, meta = flatten_optimizer(optimizer.state_dict())
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".ckpt-", dir=directory.parent))
+    files: dict[str, Any] = {
+        **model_files(model),
+        OPTIMIZER: lambda p: save_file(tensors, str(p)),
+        TRAINER: (json.dumps({"optimizer": meta, "trainer": trainer}, indent=1, sort_keys=True) + "\n").encode(),
+    }
+    return atomic_write_dir(Path(directory), files)
+
+
+# tempfile.mkdtemp(prefix=".ckpt-") names of the scratch folders earlier versions wrote: 8 characters
+# of tempfile's alphabet, holding at most the half-written model/ subfolder
+_LEGACY_SCRATCH = re.compile(r"\.ckpt-[a-z0-9_]{8}")
+_LEGACY_CONTENTS = {"model"}
+
+
+def _is_legacy_scratch(path: Path) -> bool:
+    """A ``.ckpt-*`` scratch folder of an earlier zoo-core, recognised by its name and contents."""
+    if not _LEGACY_SCRATCH.fullmatch(path.name) or path.is_symlink() or not path.is_dir():
+        return False
     try:
-        save_pretrained(model, scratch / "model")
-        files: dict[str, Any] = {
-            WEIGHTS: (scratch / "model" / WEIGHTS).read_bytes(),
-            CONFIG: (scratch / "model" / CONFIG).read_bytes(),
-            OPTIMIZER: lambda p: save_file(tensors, str(p)),
-            TRAINER: (json.dumps({"optimizer": meta, "trainer": trainer}, indent=1, sort_keys=True) + "\n").encode(),
-        }
-        return atomic_write_dir(directory, files)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        return {p.name for p in path.iterdir()} <= _LEGACY_CONTENTS
+    except OSError:
+        return False
+
+
+def sweep_run_folder(directory: str | Path, names: tuple[str, ...] = RUN_FOLDERS) -> list[str]:
+    """Delete what killed checkpoint writes left in one run folder; returns what was removed or restored.
+
+    Runs at the start of a run or resume: the atomic-write leftovers of ``names`` (staging and
+    half-swapped folders of dead processes, recovered or removed by ``recover_dir``) and the
+    ``.ckpt-XXXXXXXX`` scratch folders of earlier versions. Only names of our own patterns are
+    touched; every other file or folder in the run folder is left as it is.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    before = set(os.listdir(directory))
+    for name in names:
+        recover_dir(directory / name)
+    for entry in sorted(os.listdir(directory)):
+        if _is_legacy_scratch(directory / entry):
+            shutil.rmtree(directory / entry, ignore_errors=True)
+    changed = sorted(before ^ set(os.listdir(directory)))
+    if changed:
+        log.info("%s: swept what interrupted checkpoint writes left: %s", directory, ", ".join(changed))
+    return changed
 
 
 def load_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
