@@ -17,13 +17,13 @@ def stream_demo(spec_path: str, *, dataset: str = "basicmotions", index: int = 0
     channels = spec.envelope.input.channels
     if channels is None:
         raise SpecError(f"{spec_path}: this model reads tokens (input.vocab_size); {dataset} is a real-valued time series")
-    X, y = load_uea_bundled(dataset, split="test")
+    X, y, lengths = load_uea_bundled(dataset, split="test")
     if X.shape[2] != channels:
         raise SpecError(f"{spec_path}: input.channels is {channels} but {dataset} has {X.shape[2]} channels")
     if not 0 <= index < len(X):
         raise SpecError(f"--index {index} is out of range: {dataset}'s test split has {len(X)} sequences (0..{len(X) - 1})")
     model = build_model(spec, seed=seed).eval()
-    x = torch.from_numpy(X[index : index + 1])  # (1, L, D)
+    x = torch.from_numpy(X[index : index + 1, : int(lengths[index])])  # (1, L, D): its valid steps, not the padding
     print(summary(model))
     print(f"\ninput: {dataset} test sequence {index}: length {x.shape[1]}, {x.shape[2]} channels, label {int(y[index])}")
     with torch.no_grad():

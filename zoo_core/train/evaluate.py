@@ -7,15 +7,18 @@ test split is the one the model was tested on; command-line options override the
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from ..datasets import get_dataset
-from ..errors import SpecError
+from ..datasets import Dataset, SplitData, get_dataset
+from ..errors import SpecError, ZooError
 from ..io.atomic import atomic_write_file
 from ..io.pretrained import load_pretrained
 from ..spec import load_spec
@@ -24,6 +27,135 @@ from .loop import _batch, evaluate, per_sample_loss, to_tensors
 from .protocol import make_splits
 
 SPLITS = ("train", "val", "test")
+
+log = logging.getLogger(__name__)
+
+
+class SplitOverlapError(ZooError, ValueError):
+    """The evaluated split holds sequences the model was trained on (its score would not be held out)."""
+
+    exit_code = 2
+
+
+# scoring arrays (the public path for data a user already holds) -----------------------------------
+_PADDING_WARNED = False
+
+
+def _as_split(data: Any) -> SplitData:
+    """SplitData from SplitData, ``load_uea_bundled``'s (X, y, lengths) or a plain (X, y) pair."""
+    if isinstance(data, SplitData):
+        return data
+    if isinstance(data, tuple) and len(data) in (2, 3):
+        X, y, *rest = (np.asarray(a.detach().cpu() if isinstance(a, torch.Tensor) else a) for a in data)
+        return SplitData(X, y, rest[0] if rest else None)
+    raise SpecError(f"data must be a SplitData or an (X, y[, lengths]) tuple, got {type(data).__name__}")
+
+
+def _warn_if_padded(split: SplitData) -> None:
+    """Scoring zero-padded sequences as if the padding were input is quietly wrong: say so, once."""
+    global _PADDING_WARNED
+    X = split.X
+    if _PADDING_WARNED or split.lengths is not None or X.ndim != 3 or X.shape[1] < 2:
+        return
+    padded = int((np.abs(X[:, -1, :]).max(axis=-1) == 0).sum())  # sequences whose last step is all zeros
+    if padded:
+        _PADDING_WARNED = True
+        log.warning("%d of %d sequences end in all-zero steps, which looks like end padding, but no lengths were given: "
+                    "the padding is scored as input (JapaneseVowels drops from 0.981 to 0.638). Pass the lengths "
+                    "(load_uea_bundled and every dataset loader return them)", padded, len(split))
+
+
+def evaluate_split(model: Any, data: Any, *, task: str | None = None, batch_size: int = 256) -> dict[str, float]:
+    """Loss and task metrics of ``model`` on one split, masking each sequence's padding with its length.
+
+    The public way to score arrays: ``evaluate_split(model, load_uea_bundled("japanesevowels"))``.
+    Calling ``model(X)`` on a padded set without ``lengths=`` scores the padding too, which is why
+    the lengths travel with the data here.
+
+    Args:
+        model: a SequenceModel (eval mode is used, then restored); its device is used.
+        data: a ``SplitData``, or ``(X, y)`` / ``(X, y, lengths)``: X (n, L, D) or tokens (n, L),
+            y (n,) classes / (n, O) targets / (n, L) tokens, lengths (n,) valid steps.
+        task: the model's task by default.
+        batch_size: sequences per forward pass.
+
+    Returns:
+        ``{"loss": ..., "accuracy" | "rmse", "mae" | "bits_per_token": ...}``.
+    """
+    split = _as_split(data)
+    _warn_if_padded(split)
+    task = task or getattr(model, "task", None)
+    if task is None:
+        raise SpecError("which task? pass task='classification', 'regression' or 'lm' (the model does not say)")
+    device = next(iter(model.parameters())).device
+    return evaluate(model, to_tensors(split, device), task, batch_size)
+
+
+# evaluating on the sequences the model trained on ----------------------------------------------------
+def _sequence_digests(split: SplitData) -> list[bytes]:
+    """One digest per sequence: its valid steps (not the padding, not the label)."""
+    out = []
+    for i in range(len(split)):
+        x = split.X[i] if split.lengths is None else split.X[i, : int(split.lengths[i])]
+        out.append(hashlib.blake2b(np.ascontiguousarray(x).tobytes(), digest_size=16).digest())
+    return out
+
+
+def trained_split(ctx: dict[str, Any], stored: Any) -> dict[str, Any] | None:
+    """The protocol, seed and val_fraction whose training split the model was fitted on (None: unknown).
+
+    A ``zoo train`` run folder records them exactly; a saved model's spec records the settings of
+    its ``training:`` section, which name one split only when they name one seed.
+    """
+    if "seed" in ctx and "protocol" in ctx:
+        return {"protocol": ctx["protocol"], "seed": ctx["seed"], "val_fraction": ctx.get("val_fraction", 0.15 / 0.85)}
+    if stored is None:
+        return None
+    seeds = stored.seed_list()
+    if len(seeds) != 1:
+        log.warning("the model's spec trains %d seeds and does not say which one these weights are: "
+                    "cannot check the evaluated split against the training split", len(seeds))
+        return None
+    return {"protocol": stored.protocol, "seed": seeds[0], "val_fraction": stored.val_fraction}
+
+
+def training_overlap(ds: Dataset, trained: dict[str, Any], evaluated: SplitData) -> int:
+    """How many evaluated sequences are also sequences of the training split ``trained`` names.
+
+    Found from the data (a digest of every sequence's valid steps), not from the protocol names:
+    another seed or val_fraction of the same protocol overlaps too, and a dataset's official splits
+    may share identical sequences, so only the data says which sequences the model has seen.
+    """
+    train = make_splits(ds, protocol=trained["protocol"], seed=trained["seed"], val_fraction=trained["val_fraction"],
+                        normalize="none").train
+    seen = set(_sequence_digests(train))
+    return sum(d in seen for d in _sequence_digests(evaluated))
+
+
+def check_overlap(ds: Dataset, where: str, split: str, evaluated: dict[str, Any], trained: dict[str, Any] | None,
+                  allow: bool) -> dict[str, Any] | None:
+    """Refuse (or, with ``allow``, warn loudly) when the evaluated split holds training sequences.
+
+    ``evaluated`` holds the protocol, seed and val_fraction of the evaluation; the same settings as
+    the training give the run's own held-out split, disjoint by construction, and are not checked.
+    Returns the overlap record for the metrics, or None when nothing overlaps.
+    """
+    if trained is None or split == "train" or all(evaluated[k] == trained[k] for k in trained):
+        return None
+    data = make_splits(ds, normalize="none", **evaluated)
+    part = getattr(data, split)
+    n = training_overlap(ds, trained, part)
+    if n == 0:
+        return None
+    said = f"protocol {trained['protocol']}, seed {trained['seed']}"
+    what = (f"{where}: {n} of the {len(part)} sequences of the {evaluated['protocol']} {split} split (seed {evaluated['seed']}) "
+            f"of {ds.info.name} are sequences the model was trained on ({said}), so its score would not be held out")
+    if not allow:
+        raise SplitOverlapError(f"{what}. Evaluate with the protocol the model was trained with (--protocol "
+                                f"{trained['protocol']} --seed {trained['seed']}: the default), or pass --allow-overlap "
+                                "to score anyway (the result records the overlap)")
+    log.warning("%s; scoring anyway (--allow-overlap): the number is NOT a held-out score", what)
+    return {"sequences": n, "of": len(part), "trained_on": trained}
 
 
 def run_context(model_dir: Path) -> dict[str, Any]:
@@ -78,12 +210,17 @@ def evaluate_model(
     batch_size: int = 256,
     device: str = "auto",
     output: str | Path | None = None,
+    allow_overlap: bool = False,
 ) -> dict[str, Any]:
     """Score a model on one split; returns the metrics and writes them as JSON.
 
     ``model_dir`` is a saved folder or any model reference (``arch.tag``, ``hf-hub:org/name``,
     ``local-dir:path``: pulled and sha256-checked first). The JSON goes to ``output``, or beside
     the model when it sits in a ``zoo train`` run folder; otherwise it is only returned.
+
+    A split that holds sequences the model was trained on (another protocol or seed than its
+    training's) is refused with ``SplitOverlapError`` unless ``allow_overlap``, which scores it with
+    a warning and records the overlap in the metrics.
     """
     if split not in SPLITS:
         raise SpecError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
@@ -104,13 +241,18 @@ def evaluate_model(
     ds.check_spec(envelope, where=str(model_dir))
     protocol = protocol or ctx.get("protocol") or (stored.protocol if stored else "official")
     seed = seed if seed is not None else ctx.get("seed", stored.seed_list()[0] if stored else 0)
+    val_fraction = ctx.get("val_fraction", stored.val_fraction if stored else 0.15 / 0.85)
+    overlap = check_overlap(ds, str(model_dir), split, {"protocol": protocol, "seed": seed, "val_fraction": val_fraction},
+                            trained_split(ctx, stored), allow_overlap)
     splits = make_splits(ds, protocol=protocol, seed=seed, normalize=ctx.get("normalize", stored.normalize if stored else "none"),
-                         val_fraction=ctx.get("val_fraction", stored.val_fraction if stored else 0.15 / 0.85))
+                         val_fraction=val_fraction)
     dev = pick_device(device)
     model.to(dev)
     data = to_tensors(getattr(splits, split), dev)
     metrics: dict[str, Any] = {"model": str(model_dir), "dataset": ds.info.name, "split": split, "protocol": protocol, "seed": seed,
                                "sequences": int(data["X"].shape[0]), "fixed_depth": evaluate(model, data, ds.info.task, batch_size)}
+    if overlap is not None:
+        metrics["overlap_with_training"] = overlap
     if adaptive:
         metrics["adaptive"] = adaptive_metrics(model.eval(), data, ds.info.task, batch_size, **(adaptive_options or {}))
         metrics["adaptive"]["options"] = adaptive_options or {}
