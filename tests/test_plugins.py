@@ -71,8 +71,10 @@ def test_duplicate_names_name_both_plugins(monkeypatch):
     b = inline_source("b", _plugin("b", zoo_register_cores=_cores("same", "only-b")), dist="zoo-b", version="2.0")
     reg = load_registry([*_base(), a, b])
     info = reg.plugins[-1]
-    assert info.status == "failed" and "zoo-a 1.0" in info.error and "zoo-b 2.0" in info.error
-    assert reg.cores["same"].provider.dist == "zoo-a" and "only-b" not in reg.cores  # all or nothing
+    assert info.status == "conflict" and "zoo-a 1.0" in info.conflicts[0]
+    assert "same" not in reg.cores and {"only-a", "only-b"} <= set(reg.cores)  # neither keeps it; the rest works
+    with pytest.raises(DuplicateNameError, match=r"zoo-a 1\.0.*zoo-b 2\.0"):
+        reg.core("same")
     monkeypatch.setenv("ZOO_STRICT_PLUGINS", "1")
     with pytest.raises(DuplicateNameError, match=r"zoo-a 1\.0.*zoo-b 2\.0"):
         load_registry([*_base(), a, b])

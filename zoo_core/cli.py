@@ -1,7 +1,7 @@
 """The ``zoo`` command line. ``zoo --help``, ``zoo list`` and ``zoo plugins`` never import torch.
 
 Exit codes: 0 ok, 1 unexpected failure, 2 usage / spec / input errors, 3 integrity errors
-(weights files), 4 plugin errors.
+(weights files), 4 plugin errors, 5 connection failures (the Hub unreachable after retries).
 """
 
 from __future__ import annotations
@@ -132,9 +132,14 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         return 0
     for p in rows:
         provides = ", ".join(f"{k}: {len(v)}" for k, v in p["provides"].items())
-        print(f"{p['status']:<9}{p['dist']} {p['version']}  ({p['name']} -> {p['module']})  {provides}")
-        if p["error"]:
-            print(f"         {p['error']}")
+        ran = "imported" if p["imported"] else "not imported"
+        print(f"{p['status']:<9}{p['dist']} {p['version']}  ({p['name']} -> {p['module']}; {ran})  {provides}")
+        for line in [p["error"], *(f"conflict: {c}" for c in p["conflicts"]), *(f"warning: {w}" for w in p["warnings"])]:
+            if line:
+                print(f"         {line}")
+    imported = sum(p["imported"] for p in rows)
+    print(f"{imported} of {len(rows)} plugins ran code in this process. A plugin is code you installed: it can exit "
+          "the process or monkeypatch anything, which no status can undo; ZOO_LOAD_PLUGINS=a,b loads only those.")
     return 0
 
 
@@ -185,8 +190,14 @@ def cmd_stream(args: argparse.Namespace) -> int:
     return stream_demo(args.spec, dataset=args.dataset, index=args.index, seed=args.seed)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="zoo", description="SSM Zoo: build, inspect and check state space sequence models.")
+def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``zoo`` parser; plugins are imported to add their commands only when ``argv`` names a
+    command that is not built in (so ``zoo --help`` and ``zoo list`` run no plugin code to parse)."""
+    p = argparse.ArgumentParser(
+        prog="zoo", description="SSM Zoo: build, inspect and check state space sequence models.",
+        epilog="Plugins may add commands: `zoo COMMAND` looks them up when COMMAND is none of the above "
+               "(--help imports no plugin); `zoo plugins` lists the installed plugins.",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log backend choices and show tracebacks")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     s = sub.add_parser("list", help="list registered cores, presets, backends, discretizers, stacking policies")
@@ -223,8 +234,15 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(fn=cmd_stream)
     _builtin_commands(sub)
-    _plugin_commands(sub)
+    if _names_other_command(argv, sub.choices):
+        _plugin_commands(sub)
     return p
+
+
+def _names_other_command(argv: Sequence[str] | None, builtin: Any) -> bool:
+    """True when the first positional word of ``argv`` is not a built-in command (a plugin's, or a typo)."""
+    first = next((a for a in argv or () if not a.startswith("-")), None)
+    return first is not None and first not in builtin
 
 
 # zoo-core's own command groups, each a module with ``register_cli(subparsers)`` that imports
@@ -252,7 +270,8 @@ def _plugin_commands(sub: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(_parser(), argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run(_parser(argv), argv)
 
 
 def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:

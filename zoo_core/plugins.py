@@ -383,7 +383,7 @@ def load_registry(sources: Sequence[PluginSource] | None = None, *, strict: bool
     for info in reg.plugins:
         _check_fatal(info, strict)
     for record in reg.conflicts.values():
-        log.warning("%s", record.message() if record.owner is None else record.note_for(record.owner))
+        log.warning("%s", record.summary())
     return reg
 
 

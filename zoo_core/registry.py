@@ -352,6 +352,14 @@ class Conflict:
                 f"(pip uninstall {' or pip uninstall '.join(dists)}), or leave it out of an allow-list: "
                 f"ZOO_LOAD_PLUGINS=<the plugins you use> (see `zoo plugins`)")
 
+    def summary(self) -> str:
+        """One log line: the refusal when nobody keeps the name, else who keeps it over whom."""
+        if self.owner is None:
+            return self.message()
+        others = ", ".join(str(o) for o in self.others(self.owner))
+        return (f"{label(self.kind, self.key)} is also registered by {others}; {self.owner} keeps it ({self.why}). "
+                "See `zoo plugins`; uninstall the other plugin if you did not mean to install it")
+
     def note_for(self, prov: Provider) -> str:
         """One line for ``zoo plugins`` about this plugin's part in the conflict."""
         others = ", ".join(str(o) for o in self.others(prov))

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from ..errors import SpecError, ZooError
+from ..errors import PluginError, SpecError, ZooError
 from ..registry import OPS, CoreEntry, Registry
 from .errors import format_validation_error, spec_error
 from .schema import SCHEMA_VERSION, ModelSpec
@@ -76,6 +76,8 @@ def validate_spec(data: Any, positions: Positions, *, registry: Registry | None 
 def _lookup(positions: Positions, loc: tuple[Any, ...], fn: Any) -> Any:
     try:
         return fn()
+    except PluginError:
+        raise  # e.g. two plugins claim the name: a plugin problem (exit 4), not a mistake in the spec
     except ZooError as exc:
         raise spec_error(positions, loc, str(exc)) from None
 
