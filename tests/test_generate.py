@@ -180,3 +180,21 @@ def test_bad_arguments_are_refused(monkeypatch):
     monkeypatch.setattr(type(model.cores()[0]), "capabilities", frozenset({"lti"}))
     with pytest.raises(SpecError, match="capability 'step'"):
         generate(model, prompt, 3)
+
+
+def test_the_models_own_eos_is_the_default_and_the_spec_checks_it():
+    from zoo_core.spec import load_spec
+
+    plain = _model("s4d")
+    prompt = _prompt()
+    greedy = generate(plain, prompt, 15, eos_token_id=None)
+    eos = int(greedy[0, 7 + 2])
+    spec = lm_spec(CORES["s4d"])
+    spec["task"] = {"kind": "lm", "eos_token_id": eos, "bos_token_id": 0}
+    model = build_model(spec, seed=0).to(torch.float64).eval()
+    assert torch.equal(generate(model, prompt, 15), generate(plain, prompt, 15, eos_token_id=eos))  # its eos by default
+    assert torch.equal(generate(model, prompt, 15, eos_token_id=None), greedy)  # None: no stopping
+    for task, match in (({"kind": "lm", "eos_token_id": V}, "outside the vocabulary"),
+                        ({"kind": "classification", "classes": 3, "eos_token_id": 1}, "does not take task.eos_token_id")):
+        with pytest.raises(SpecError, match=match):
+            load_spec({**spec, "task": task})

@@ -8,14 +8,24 @@ re-reading of the prompt). Works for any stack whose cores declare the ``step`` 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from .errors import SpecError
 
-__all__ = ["generate", "filter_logits"]
+__all__ = ["generate", "filter_logits", "model_eos"]
+
+MODEL_EOS = "model"
+"""``generate``'s default ``eos_token_id``: the model's own (its spec's ``task.eos_token_id``)."""
+
+
+def model_eos(model: Any) -> int | None:
+    """The end-of-sequence token the model's spec records (``task.eos_token_id``; None if it has none)."""
+    spec = getattr(model, "spec", None) or {}
+    value = spec.get("task", {}).get("eos_token_id") if isinstance(spec, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def filter_logits(logits: Tensor, *, top_k: int | None = None, top_p: float | None = None) -> Tensor:
@@ -92,7 +102,7 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
-    eos_token_id: int | None = None,
+    eos_token_id: int | None | Literal["model"] = MODEL_EOS,
 ) -> Tensor:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
@@ -108,7 +118,10 @@ def generate(
             when sampling).
         generator: the random generator for sampling (reproducible draws).
         eos_token_id: a sequence that emits it is finished: later positions repeat eos, and
-            generation stops early once every sequence has finished.
+            generation stops early once every sequence has finished. The default, ``"model"``, is
+            the model's own eos (``task.eos_token_id`` in its spec, which ``zoo convert`` carries
+            over from transformers' configs, as transformers' ``generate`` stops there too); an int
+            overrides it; ``None`` disables stopping.
 
     Returns:
         (B, L + n) LongTensor, the prompts followed by n ≤ max_new_tokens new tokens.
@@ -116,6 +129,10 @@ def generate(
     Raises:
         SpecError: a model that is not a language model or cannot step, or bad arguments.
     """
+    if eos_token_id == MODEL_EOS:
+        eos_token_id = model_eos(model)
+    elif isinstance(eos_token_id, str):
+        raise SpecError(f"eos_token_id must be a token id, None (no stopping) or 'model' (the model's own), got {eos_token_id!r}")
     _check(model, input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id)
     was_training = model.training
     model.eval()

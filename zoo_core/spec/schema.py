@@ -24,6 +24,10 @@ class TaskSpec(_Strict):
     kind: Literal["classification", "regression", "sequence", "lm"]
     classes: int | None = Field(None, gt=1, le=10**6, description="number of classes (classification)")
     outputs: int | None = Field(None, gt=0, le=10**6, description="output width (regression, sequence)")
+    # lm only: the special tokens of the model's tokenizer (carried over by zoo convert; generate stops at eos)
+    bos_token_id: int | None = Field(None, ge=0, le=10**7, description="lm: the token that begins a sequence")
+    eos_token_id: int | None = Field(None, ge=0, le=10**7, description="lm: the token that ends one; generate stops at it by default")
+    pad_token_id: int | None = Field(None, ge=0, le=10**7, description="lm: the padding token")
 
     @model_validator(mode="after")
     def _needs(self) -> TaskSpec:
@@ -31,9 +35,13 @@ class TaskSpec(_Strict):
         if need and getattr(self, need) is None:
             raise ValueError(f"task kind {self.kind!r} needs task.{need}")
         extra = [f for f in ("classes", "outputs") if f != need and getattr(self, f) is not None]
+        extra += [f for f in TOKEN_FIELDS if self.kind != "lm" and getattr(self, f) is not None]
         if extra:
             raise ValueError(f"task kind {self.kind!r} does not take task.{extra[0]}")
         return self
+
+
+TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 class ReshapeSpec(_Strict):
@@ -201,6 +209,10 @@ class ModelSpec(_Strict):
     def _consistent(self) -> ModelSpec:
         if self.task.kind == "lm" and self.input.vocab_size is None:
             raise ValueError("task kind 'lm' reads tokens: set input.vocab_size")
+        for f in TOKEN_FIELDS:
+            token = getattr(self.task, f)
+            if token is not None and self.input.vocab_size is not None and token >= self.input.vocab_size:
+                raise ValueError(f"task.{f} {token} is outside the vocabulary (input.vocab_size {self.input.vocab_size})")
         if self.model.tie_embeddings and self.task.kind != "lm":
             raise ValueError("model.tie_embeddings applies to task kind 'lm' only")
         pooled = self.task.kind in ("classification", "regression")

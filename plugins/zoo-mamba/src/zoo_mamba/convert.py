@@ -49,13 +49,14 @@ class Arch:
     tied: bool
     names: dict[str, str]
     notes: list[str] = field(default_factory=list)
+    tokens: dict[str, int] = field(default_factory=dict)  # bos/eos/pad_token_id of the source's tokenizer
 
     def spec(self, description: str) -> dict[str, Any]:
         core = {"kind": "mamba", "d_state": self.d_state, "d_conv": self.d_conv, "expand": self.expand,
                 "dt_rank": self.dt_rank, "conv_bias": self.conv_bias, "bias": self.bias, **self.core_init}
         return {
             "schema_version": 1, "name": "mamba-converted", "description": " ".join([description, *self.notes]),
-            "task": {"kind": "lm"}, "input": {"vocab_size": self.vocab_size},
+            "task": {"kind": "lm", **self.tokens}, "input": {"vocab_size": self.vocab_size},
             "model": {"d_model": self.d_model, "depth": self.n_layer,
                       "block": {"norm": self.norm, "norm_eps": self.eps, "activation": "identity", "output": "none",
                                 "residual": True, "prenorm": True, "dropout": 0.0},
@@ -64,8 +65,8 @@ class Arch:
 
 
 # reading configs --------------------------------------------------------------------------------
-def read_config(source: Path) -> dict[str, Any]:
-    path = source / CONFIG
+def read_config(source: Path, name: str = CONFIG) -> dict[str, Any]:
+    path = source / name
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -91,6 +92,35 @@ def _field(cfg: dict[str, Any], key: str, kind: type | tuple[type, ...], default
         want = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
         raise CheckpointError(f"{where}: field {key!r} must be {want}, got {value!r}")
     return value
+
+
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+GENERATION_CONFIG = "generation_config.json"
+
+
+def special_tokens(source: Path | None, cfg: dict[str, Any], vocab_size: int, notes: list[str], where: str) -> dict[str, int]:
+    """bos/eos/pad token ids, as transformers' ``generate`` reads them: ``generation_config.json``
+    first, then ``config.json``. Dropping them made ``generate`` run past eos where transformers stops.
+
+    Several eos ids (a list) keep the first, with a note in the description.
+    """
+    gen_path = None if source is None else source / GENERATION_CONFIG
+    gen: dict[str, Any] = {}
+    if gen_path is not None and gen_path.is_file():
+        gen = read_config(gen_path.parent, GENERATION_CONFIG)
+    out: dict[str, int] = {}
+    for key in TOKEN_IDS:
+        value, said = (gen[key], str(gen_path)) if gen.get(key) is not None else (cfg.get(key), where)
+        if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            if len(value) > 1:
+                notes.append(f"The source lists {len(value)} {key}s {value}; generate stops at the first, {value[0]}.")
+            value = value[0]
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+            raise CheckpointError(f"{said}: {key} must be a token id in [0, {vocab_size}) or null, got {value!r}")
+        out[key] = value
+    return out
 
 
 def _refuse(where: str, key: str, value: Any, why: str) -> None:
@@ -219,7 +249,7 @@ def _build(arch: Arch, tensors: dict[str, Any], renames: list[tuple[str, str]], 
 
 # transformers --------------------------------------------------------------------------------------
 class TransformersMamba:
-    """transformers' ``MambaForCausalLM`` folders."""
+    """transformers' ``MambaForCausalLM`` folders (their bos/eos/pad token ids go into ``task``)."""
 
     NAMES = {"d_model": "hidden_size", "n_layer": "num_hidden_layers", "vocab_size": "vocab_size",
              "d_state": "state_size", "d_conv": "conv_kernel", "expand": "expand (intermediate_size)",
@@ -230,7 +260,8 @@ class TransformersMamba:
         has_weights = (source / "model.safetensors").is_file() or (source / "model.safetensors.index.json").is_file()
         return cfg is not None and cfg.get("model_type") == "mamba" and has_weights
 
-    def arch(self, cfg: dict[str, Any], where: str) -> Arch:
+    def arch(self, cfg: dict[str, Any], where: str, source: Path | None = None) -> Arch:
+        """The architecture ``cfg`` describes; ``source``'s generation_config.json, if any, gives the token ids."""
         if cfg.get("model_type") != "mamba":
             raise CheckpointError(f"{where}: model_type is {cfg.get('model_type')!r}, not 'mamba'; this is not a transformers Mamba checkpoint")
         f = lambda k, t, d: _field(cfg, k, t, d, where)  # noqa: E731
@@ -247,24 +278,25 @@ class TransformersMamba:
         rank = f("time_step_rank", (int, str), "auto")
         if isinstance(rank, str) and rank != "auto":
             raise CheckpointError(f"{where}: time_step_rank must be an int or 'auto', got {rank!r}")
-        notes = []
+        notes: list[str] = []
         if cfg.get("residual_in_fp32") is False:
             notes.append("residual_in_fp32=false in the source: this float32 model keeps a float32 residual regardless.")
+        vocab = f("vocab_size", int, 50280)
         return Arch(
-            d_model=H, n_layer=f("num_hidden_layers", int, 32), vocab_size=f("vocab_size", int, 50280),
+            d_model=H, n_layer=f("num_hidden_layers", int, 32), vocab_size=vocab,
             d_state=f("state_size", int, 16), d_conv=f("conv_kernel", int, 4), expand=E, dt_rank=rank,
             core_init={"dt_min": float(f("time_step_min", (int, float), 1e-3)), "dt_max": float(f("time_step_max", (int, float), 0.1)),
                        "dt_init": dt_init, "dt_scale": float(f("time_step_scale", (int, float), 1.0)),
                        "dt_init_floor": float(f("time_step_floor", (int, float), 1e-4))},
             conv_bias=f("use_conv_bias", bool, True), bias=f("use_bias", bool, False), norm="rms",
             eps=float(f("layer_norm_epsilon", (int, float), 1e-5)), tied=f("tie_word_embeddings", bool, True),
-            names=self.NAMES, notes=notes,
+            names=self.NAMES, notes=notes, tokens=special_tokens(source, cfg, vocab, notes, where),
         )
 
     def convert(self, source: Path) -> Any:
         source = Path(source)
         where = str(source / CONFIG)
-        arch = self.arch(read_config(source), where)
+        arch = self.arch(read_config(source), where, source)
         tensors = read_safetensors(source)
         emb = "backbone.embeddings.weight" if "backbone.embeddings.weight" in tensors else "backbone.embedding.weight"
         _check_against_weights(arch, tensors, emb, where)
