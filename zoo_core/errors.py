@@ -1,7 +1,8 @@
 """Typed exceptions. Each says what failed, why, and how to fix it.
 
 CLI exit codes: 2 for usage / spec / input errors, 3 for integrity errors (weights files),
-4 for plugin errors.
+4 for plugin errors, 5 for connection failures (the Hub unreachable or failing after retries);
+1 is left to crashes.
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ class CheckpointError(ZooError, ValueError):
     exit_code = 3
 
 
+class ConnectionFailedError(ZooError, ConnectionError):
+    """A remote service (the Hub) could not be reached or kept failing after retries: exit 5, not a crash."""
+
+    exit_code = 5
+
+
 class PluginError(ZooError, RuntimeError):
     """Base class of plugin loading problems."""
 
@@ -64,6 +71,10 @@ class PluginError(ZooError, RuntimeError):
 
 class PluginLoadError(PluginError):
     """A plugin failed to import or to register (named by distribution and version)."""
+
+
+class ProviderMismatchError(PluginError):
+    """Weights saved with a core from one distribution, now registered by another (an impostor?)."""
 
 
 class DuplicateNameError(PluginError):

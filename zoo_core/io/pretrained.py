@@ -6,19 +6,26 @@ unpickle anything.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
 from safetensors.torch import save as save_bytes
 from torch import Tensor, nn
 
-from ..errors import CheckpointError, ZooError
+from ..errors import CheckpointError, ProviderMismatchError, ZooError
+from ..spec import Spec, load_spec
 from .atomic import atomic_write_dir, recover_dir
-from .safetensors_check import read_checked
+from .safetensors_check import DTYPES, TensorInfo, read_checked, read_header_file
 from .strict import compare_state
+
+log = logging.getLogger(__name__)
 
 FORMAT = "zoo.safetensors/1"
 WEIGHTS = "model.safetensors"
@@ -127,13 +134,103 @@ def model_files(model: nn.Module) -> dict[str, Any]:
     return files
 
 
+# loading: metadata, provider, meta-device shape check ----------------------------------------
+TRUST_PROVIDER_ENV = "ZOO_TRUST_PROVIDER"
+"""Set to 1 to load weights whose core is now registered by another distribution than the one
+that saved them (the ``trust_provider=True`` keyword of ``load_pretrained`` / ``check_folder``)."""
+
+MAX_CONFIG = 16 * 2**20
+"""Largest config.json read (a saved model's is a few KB)."""
+
+
+class StoredMetadata(BaseModel):
+    """The decoded ``__metadata__`` of a saved model: strict types, no other keys.
+
+    Why: every later step (building the stored spec, mapping complex and tied tensors) trusts these
+    types; a hostile file that stores ``spec`` as a string must not reach ``load_spec`` (which reads
+    a string as a path: a FIFO hangs the loader, ``/etc/passwd`` is read and echoed).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    format: str
+    spec: dict[str, Any]
+    versions: dict[str, str]
+    complex: list[str]
+    tied: dict[str, str]
+
+
+_JSON_FIELDS = ("spec", "versions", "complex", "tied")
+_WANT = {"spec": "a mapping (the model spec itself; a stored spec is never read as a path)",
+         "versions": "a mapping of distribution names to version strings",
+         "complex": "a list of tensor names", "tied": "a mapping of tensor names to tensor names"}
+
+
 def _json_meta(meta: Mapping[str, str], key: str, source: str) -> Any:
     if key not in meta:
         raise CheckpointError(f"{source}: the metadata has no {key!r} entry; it was not written by zoo_core.save_pretrained")
     try:
         return json.loads(meta[key])
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise CheckpointError(f"{source}: metadata entry {key!r} is not valid JSON ({exc})") from None
+
+
+def decode_metadata(meta: Mapping[str, str], source: str) -> dict[str, Any]:
+    """Decode and type-check a weights file's metadata; ``CheckpointError`` (exit 3) names the field.
+
+    Values are never echoed: a hostile file's metadata is not shown back to the user.
+    """
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{source}: format {str(meta.get('format'))[:80]!r} is not {FORMAT!r}; only folders "
+                              "written by zoo_core's save_pretrained load here")
+    extra = sorted(set(meta) - {"format", *_JSON_FIELDS})
+    if extra:
+        raise CheckpointError(f"{source}: unknown metadata entr{'ies' if len(extra) > 1 else 'y'} "
+                              f"{', '.join(repr(k[:80]) for k in extra[:5])}; {FORMAT} files hold only format, "
+                              f"{', '.join(_JSON_FIELDS)} (the file was not written by zoo_core.save_pretrained, or was edited)")
+    raw = {"format": meta["format"], **{k: _json_meta(meta, k, source) for k in _JSON_FIELDS}}
+    try:
+        return StoredMetadata.model_validate(raw).model_dump()
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        field = str(err["loc"][0]) if err["loc"] else "?"
+        where = ".".join(str(p) for p in err["loc"])
+        raise CheckpointError(f"{source}: metadata entry {field!r} must be {_WANT.get(field, 'well-typed')}; "
+                              f"{where}: {err['msg'].lower()} ({len(exc.errors())} problem(s) in all). The file "
+                              "was not written by zoo_core.save_pretrained or was edited: save the model again") from None
+
+
+def _check_config(directory: Path, spec: Mapping[str, Any]) -> None:
+    """config.json, where present, must carry the weights file's own spec."""
+    config_path = directory / CONFIG
+    if not config_path.is_file():
+        return
+    if config_path.stat().st_size > MAX_CONFIG:
+        raise CheckpointError(f"{config_path}: {config_path.stat().st_size} bytes, far larger than a saved model's "
+                              f"config (cap {MAX_CONFIG}); delete it to use the weights file's own spec")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise CheckpointError(f"{config_path}: not valid JSON ({exc})") from None
+    if not isinstance(config, dict) or config.get("spec") != spec:
+        raise CheckpointError(f"{config_path}: its spec differs from the one inside {WEIGHTS}; the folder was edited or half-copied (the weights file's own spec is authoritative: delete config.json to use it)")
+
+
+def _weights_path(directory: str | os.PathLike[str]) -> Path:
+    recover_dir(directory)  # a save killed between its two renames left the old folder aside
+    path = Path(directory) / WEIGHTS
+    if not path.is_file():
+        raise CheckpointError(f"{directory}: no {WEIGHTS} here; is this a folder written by save_pretrained?")
+    return path
+
+
+def _read_info(directory: str | os.PathLike[str]) -> tuple[Path, dict[str, Any], dict[str, TensorInfo]]:
+    """(weights path, decoded metadata, header tensors), reading only the header."""
+    path = _weights_path(directory)
+    infos, meta = read_header_file(path)
+    info = decode_metadata(meta, str(path))
+    _check_config(Path(directory), info["spec"])
+    return path, info, infos
 
 
 def read_folder(directory: str | os.PathLike[str], *, allow_nonfinite: bool = False) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -141,24 +238,105 @@ def read_folder(directory: str | os.PathLike[str], *, allow_nonfinite: bool = Fa
 
     Non-finite values are refused unless ``allow_nonfinite`` (e.g. to inspect a diverged run).
     """
-    recover_dir(directory)  # a save killed between its two renames left the old folder aside
-    path = Path(directory) / WEIGHTS
-    if not path.is_file():
-        raise CheckpointError(f"{directory}: no {WEIGHTS} here; is this a folder written by save_pretrained?")
+    path, info, _ = _read_info(directory)
     tensors, meta = read_checked(path, allow_nonfinite=allow_nonfinite)
-    source = str(path)
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{source}: format {meta.get('format')!r} is not {FORMAT!r}; only folders written by zoo_core's save_pretrained load here")
-    info = {k: _json_meta(meta, k, source) for k in ("spec", "versions", "complex", "tied")}
-    config_path = Path(directory) / CONFIG
-    if config_path.is_file():
-        try:
-            config = json.loads(config_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f"{config_path}: not valid JSON ({exc})") from None
-        if not isinstance(config, dict) or config.get("spec") != info["spec"]:
-            raise CheckpointError(f"{config_path}: its spec differs from the one inside {WEIGHTS}; the folder was edited or half-copied (the weights file's own spec is authoritative: delete config.json to use it)")
+    if decode_metadata(meta, str(path)) != info:
+        raise CheckpointError(f"{path}: the file changed while it was read (its metadata differs between two reads); load it again")
     return tensors, info
+
+
+def _core_kind(spec: Mapping[str, Any]) -> str | None:
+    core = (spec.get("model") or {}).get("core") if isinstance(spec.get("model"), dict) else None
+    kind = core.get("kind") if isinstance(core, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def check_provider(info: Mapping[str, Any], registry: Any, *, source: str, trust_provider: bool = False) -> None:
+    """The distribution now registered for the stored core must be the one that saved the weights.
+
+    Why: a newly installed plugin registering an existing core name (an impostor) would otherwise
+    run its own code on these weights. A different version of the same distribution is fine
+    (logged). ``trust_provider`` (or ``ZOO_TRUST_PROVIDER=1``) accepts another distribution.
+    """
+    from ..plugins import env_flag
+
+    kind = _core_kind(info["spec"])
+    if kind is None or kind not in registry.cores:
+        return  # load_spec reports an unknown or missing core with its own message
+    now = registry.cores[kind].provider
+    recorded = {d: v for d, v in info["versions"].items() if d not in ("zoo-core", "torch")}
+    if now.dist == "zoo-core" and not recorded or now.dist in recorded:
+        saved = info["versions"].get(now.dist)
+        if saved is not None and saved != now.version:
+            log.info("%s: core %r was saved with %s %s; %s is installed", source, kind, now.dist, saved, now.version)
+        return
+    if trust_provider or env_flag(TRUST_PROVIDER_ENV):
+        log.warning("%s: core %r is now provided by %s, not by %s that saved it; loading anyway (trusted)",
+                    source, kind, now.dist, ", ".join(recorded) or "zoo-core")
+        return
+    saved_by = ", ".join(f"{d} {v}" for d, v in recorded.items()) or "zoo-core itself"
+    raise ProviderMismatchError(
+        f"{source}: core {kind!r} was saved by {saved_by}, but {now.dist} {now.version} provides it now: another "
+        f"distribution registering the same name would run its own code on these weights. Check `zoo plugins`; "
+        f"if {now.dist} is the one you want, load with trust_provider=True or {TRUST_PROVIDER_ENV}=1"
+    )
+
+
+def _stored_spec(info: Mapping[str, Any], registry: Any, source: str) -> Spec:
+    try:
+        return load_spec(info["spec"], registry=registry)
+    except ZooError as exc:
+        raise CheckpointError(f"{source}: the stored spec cannot be built here: {exc}") from None
+
+
+def _check_shapes(spec: Spec, infos: Mapping[str, TensorInfo], registry: Any, source: str) -> None:
+    """The stored spec's tensors (a meta-device build: no memory) against the header's, before any
+    real build: a small file whose spec claims a huge model is refused here."""
+    from ..footprint import expected_tensors, meta_model
+
+    try:
+        expected = expected_tensors(meta_model(spec, registry=registry))
+    except ZooError as exc:
+        raise CheckpointError(f"{source}: the stored spec cannot be built here: {exc}") from None
+    stored = {n: _Stored(i.shape, DTYPES[i.dtype]) for n, i in infos.items()}
+    try:
+        compare_state(expected, stored, source=source)
+    except CheckpointError as exc:
+        want = sum(math.prod(s) for s, _ in expected.values())
+        have = sum(math.prod(i.shape) for i in infos.values())
+        raise CheckpointError(f"the spec stored in the file describes {want:,} values in {len(expected)} tensors, "
+                              f"the file holds {have:,} in {len(infos)}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class _Stored:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _checked(directory: str | os.PathLike[str], *, registry: Any, trust_provider: bool) -> tuple[Spec, dict[str, Any]]:
+    from ..plugins import get_registry
+
+    reg = registry if registry is not None else get_registry()
+    path, info, infos = _read_info(directory)
+    check_provider(info, reg, source=str(path), trust_provider=trust_provider)
+    spec = _stored_spec(info, registry, str(path))
+    _check_shapes(spec, infos, registry, str(path))
+    return spec, info
+
+
+def check_folder(directory: str | os.PathLike[str], *, registry: Any = None, trust_provider: bool = False) -> None:
+    """Everything ``load_pretrained`` checks, without reading tensor data or allocating the model.
+
+    Recovers a half-swapped folder, checks the safetensors header against the file size, validates
+    the metadata's types, compares the stored core's provider with the registered one, and compares
+    the stored spec's tensors (built on the meta device) with the header's names, shapes and dtypes.
+
+    Raises:
+        CheckpointError: (exit 3) the folder would not load, with the reason.
+        ProviderMismatchError: (exit 4) the core is now registered by another distribution.
+    """
+    _checked(directory, registry=registry, trust_provider=trust_provider)
 
 
 def load_weights(model: nn.Module, tensors: Mapping[str, Tensor], info: Mapping[str, Any], *, source: str) -> None:
@@ -184,13 +362,20 @@ def load_weights_file(model: nn.Module, directory: str | os.PathLike[str]) -> No
 
 
 def load_pretrained(directory: str | os.PathLike[str], *, device: Any = None, registry: Any = None,
-                    allow_nonfinite: bool = False) -> Any:
-    """Rebuild the model from the spec stored in the folder and load its weights strictly."""
+                    allow_nonfinite: bool = False, trust_provider: bool = False) -> Any:
+    """Rebuild the model from the spec stored in the folder and load its weights strictly.
+
+    ``check_folder`` runs first (no tensor data read, nothing allocated); ``trust_provider``
+    accepts a core now registered by another distribution than the one that saved it.
+    """
     from ..build import build_model
 
-    tensors, info = read_folder(directory, allow_nonfinite=allow_nonfinite)
+    spec, info = _checked(directory, registry=registry, trust_provider=trust_provider)
+    tensors, again = read_folder(directory, allow_nonfinite=allow_nonfinite)
+    if again != info:
+        raise CheckpointError(f"{directory}: the folder changed while it was loaded; load it again")
     try:
-        model = build_model(info["spec"], registry=registry, device=device)
+        model = build_model(spec, registry=registry, device=device)
     except ZooError as exc:
         raise CheckpointError(f"{directory}: the stored spec cannot be built here: {exc}") from None
     load_weights(model, tensors, info, source=str(Path(directory) / WEIGHTS))

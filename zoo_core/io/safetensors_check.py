@@ -6,7 +6,9 @@ NaN/Inf payloads and headers with a million entries that take tens of seconds to
 (reference/reliability.md §1.4). ``read_header`` closes those holes and gives a specific message for
 files that are not safetensors at all (a torch zip, a pickle, an HTML error page, a Git LFS pointer).
 
-``read_checked`` reads the whole file with one ``read`` (never mmap: a file truncated or rewritten
+``read_checked`` first reads only the header and compares the size it promises with the file's
+size from ``fstat`` (a valid header on a huge sparse file is refused before its data is read), then
+reads the whole file with one ``read`` (never mmap: a file truncated or rewritten
 under us must neither kill the process with SIGBUS nor change tensors already loaded), checks the
 header, lets safetensors build the tensors from the same bytes and rejects non-finite values.
 """
@@ -18,6 +20,7 @@ import gc
 import json
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -34,6 +37,7 @@ __all__ = [
     "load_checked",
     "read_checked",
     "read_header",
+    "read_header_file",
 ]
 
 MAX_HEADER = 16 * 2**20
@@ -345,31 +349,16 @@ def _check_tiling(infos: dict[str, TensorInfo], data_len: int, source: str) -> N
     if cursor < data_len:
         _fail(
             source,
-            f"trailing data after the last tensor ({data_len - cursor} bytes past byte {cursor} of the "
-            "data region); the file is corrupt or a polyglot",
+            f"trailing data after the last tensor: the header promises {cursor} bytes of tensor data but "
+            f"{data_len} are present ({data_len - cursor} bytes past byte {cursor} of the data region); "
+            "the file is corrupt or a polyglot",
         )
 
 
-def read_header(data: bytes | memoryview, *, source: str) -> tuple[dict[str, TensorInfo], dict[str, str]]:
-    """Check a whole safetensors file held in memory and return its header.
-
-    Args:
-        data: the complete file contents.
-        source: where the bytes came from (a path or URL); every error message starts with it.
-
-    Returns:
-        ``(tensors, metadata)``: tensor name to TensorInfo (offsets relative to the data region),
-        and the ``__metadata__`` map (empty when absent).
-
-    Raises:
-        CheckpointError: the bytes are not a well-formed safetensors file, with a message naming
-            ``source``, the failed check and, where one exists, the fix.
-    """
-    view = memoryview(data).cast("B")
-    size = len(view)
+def _header_length(head: bytes, size: int, source: str) -> int:
+    """The header's byte count from the file's first bytes, checked against the file's ``size``."""
     if size == 0:
         _fail(source, f"the file is empty (0 bytes) — {_TRUNCATED}")
-    head = bytes(view[:64])
     foreign = _sniff_foreign(head)
     if foreign is not None:
         _fail(source, f"this is {foreign}")
@@ -390,15 +379,89 @@ def read_header(data: bytes | memoryview, *, source: str) -> tuple[dict[str, Ten
             source,
             f"the header length says {n_header} bytes but only {size - 8} follow the length prefix — {_TRUNCATED}",
         )
+    return n_header
+
+
+def _parse_header(raw: bytes, data_len: int, source: str) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """Parse and check the JSON header; ``data_len`` is the size of the data region after it."""
     with _gc_paused():
-        obj = _parse_json(bytes(view[8 : 8 + n_header]), source)
+        obj = _parse_json(raw, source)
         metadata: dict[str, str] = {}
         if _METADATA in obj:
             metadata = _check_metadata(obj.pop(_METADATA), source)
         if len(obj) > MAX_TENSORS:
             _fail(source, f"header has {len(obj)} entries, more than the cap of {MAX_TENSORS}")
         infos = {name: _check_entry(name, value, source) for name, value in obj.items()}
-        _check_tiling(infos, size - 8 - n_header, source)
+        _check_tiling(infos, data_len, source)
+    return infos, metadata
+
+
+def read_header(data: bytes | memoryview, *, source: str) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """Check a whole safetensors file held in memory and return its header.
+
+    Args:
+        data: the complete file contents.
+        source: where the bytes came from (a path or URL); every error message starts with it.
+
+    Returns:
+        ``(tensors, metadata)``: tensor name to TensorInfo (offsets relative to the data region),
+        and the ``__metadata__`` map (empty when absent).
+
+    Raises:
+        CheckpointError: the bytes are not a well-formed safetensors file, with a message naming
+            ``source``, the failed check and, where one exists, the fix.
+    """
+    view = memoryview(data).cast("B")
+    size = len(view)
+    n_header = _header_length(bytes(view[:64]), size, source)
+    return _parse_header(bytes(view[8 : 8 + n_header]), size - 8 - n_header, source)
+
+
+def _open_regular(source: str) -> Any:
+    """Open ``source`` for reading only if it is a regular file (a FIFO or device would block or
+    stream forever); the caller closes it."""
+    try:
+        if not stat.S_ISREG(os.stat(source).st_mode):
+            _fail(source, "not a regular file (a FIFO, device or folder); a weights file is a plain file")
+        handle = open(source, "rb")  # noqa: SIM115 - returned to the caller's with-block
+    except OSError as exc:
+        _fail(source, f"cannot read the weights file: {exc.strerror or exc}")
+    if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):  # swapped between stat and open
+        handle.close()
+        _fail(source, "not a regular file (a FIFO, device or folder); a weights file is a plain file")
+    return handle
+
+
+def _read_exactly(handle: Any, start: int, count: int, source: str) -> bytes:
+    handle.seek(start)
+    data = handle.read(count)
+    if len(data) != count:
+        _fail(source, f"the file shrank while it was read ({len(data)} of {count} bytes from byte {start}) — {_TRUNCATED}")
+    return data
+
+
+def _header_from(handle: Any, source: str) -> tuple[int, int, dict[str, TensorInfo], dict[str, str]]:
+    """(file size, header length, tensors, metadata) from an open file, reading only the header:
+    the sizes come from ``fstat``, so a file whose size disagrees is refused before its data is read."""
+    size = os.fstat(handle.fileno()).st_size
+    n_header = _header_length(_read_exactly(handle, 0, min(size, 64), source), size, source)
+    infos, metadata = _parse_header(_read_exactly(handle, 8, n_header, source), size - 8 - n_header, source)
+    return size, n_header, infos, metadata
+
+
+def read_header_file(path: str | os.PathLike[str]) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """Check a safetensors file's header and sizes without reading its tensor data.
+
+    Returns:
+        ``(tensors, metadata)`` as ``read_header``.
+
+    Raises:
+        CheckpointError: not a regular file, unreadable, malformed, or its size differs from what
+            the header promises (both sizes in the message).
+    """
+    source = os.fspath(path)
+    with _open_regular(source) as handle:
+        _, _, infos, metadata = _header_from(handle, source)
     return infos, metadata
 
 
@@ -492,7 +555,8 @@ def load_checked(
 def read_checked(
     path: str | os.PathLike[str], *, allow_nonfinite: bool = False
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Read a safetensors file with one ``read``, check it and load it without memory-mapping.
+    """Check a safetensors file's header against its size, then read it with one ``read``, check
+    it and load it without memory-mapping.
 
     Args:
         path: the ``.safetensors`` file.
@@ -506,9 +570,10 @@ def read_checked(
             ``allow_nonfinite`` is False.
     """
     source = os.fspath(path)
-    try:
-        with open(source, "rb") as handle:
-            data = handle.read()
-    except OSError as exc:
-        _fail(source, f"cannot read the weights file: {exc.strerror or exc}")
+    with _open_regular(source) as handle:
+        size, _, _, _ = _header_from(handle, source)  # sizes agree before any tensor byte is read
+        try:
+            data = _read_exactly(handle, 0, size, source)
+        except OSError as exc:
+            _fail(source, f"cannot read the weights file: {exc.strerror or exc}")
     return load_checked(data, source=source, allow_nonfinite=allow_nonfinite)

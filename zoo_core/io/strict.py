@@ -8,6 +8,7 @@ one key at a time.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import torch
 
@@ -33,13 +34,23 @@ def _listing(label: str, items: Sequence[str]) -> str:
     return f"\n  {label} ({len(items)}): {shown}"
 
 
+class Described(Protocol):
+    """A tensor, or a header entry that only describes one (shape and dtype, no data)."""
+
+    @property
+    def shape(self) -> Sequence[int]: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+
 def _fmt_shape(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
 def compare_state(
     expected: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
-    got: Mapping[str, torch.Tensor],
+    got: Mapping[str, Described],
     *,
     source: str,
 ) -> None:
@@ -47,7 +58,7 @@ def compare_state(
 
     Args:
         expected: tensor name to ``(shape, dtype)`` the model needs.
-        got: tensors read from the file.
+        got: tensors read from the file, or their header entries (shape and dtype only).
         source: the file, named in the error.
 
     Raises:

@@ -1,0 +1,255 @@
+"""How big the model a spec describes is, computed without allocating it, and the memory budget.
+
+Letters: B batch, L length, H d_model.
+
+Why: a spec or a weights file's stored spec can ask for 10^12 parameters in a few bytes of YAML.
+Everything here runs on PyTorch's ``meta`` device (shapes, no storage), so asking costs nothing.
+
+* **Parameters** come from a meta-device build of the whole model (the real builder, so the names
+  and shapes are exactly what ``build_model`` would make). Every core builds on meta when passed
+  ``device="meta"``; some compute their initialisation on the CPU first (S4/S4D/S5's HiPPO and
+  diagonal inits call ``.item()``, which meta tensors cannot) and one (LrcSSM) draws a float64
+  ``(D, H)`` matrix on the CPU before moving it. So the build first runs inside a
+  ``torch.device("meta")`` context (every factory call lands on meta: LrcSSM allocates nothing),
+  and a core that fails there is built again with ``device="meta"`` only, which costs one block's
+  CPU initialisation (O(H·N)); the remaining blocks are copies of the first (``build._assemble``).
+* **Activations** are estimated by a meta-device forward in training mode at batch 1 and length
+  ``min(L, 256)`` under a dispatch mode that adds up the bytes of every tensor any op produces
+  (an upper bound on what autograd keeps for the backward pass: nothing is counted as freed), then
+  scaled linearly to ``B × L`` (every core here is linear in L). A core that cannot run on meta
+  (LrcSSM's Newton solver reads convergence with ``.item()``) gets an analytical bound instead:
+  ``16 · B · L · max(H, N) · 4 bytes`` per applied block, said so in the estimate.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import SpecError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH = 32
+"""Batch assumed when the spec has no ``training.batch_size`` (TrainingSpec's own default)."""
+
+DEFAULT_LENGTH = 1024
+"""Sequence length assumed when neither the spec (``input.length``) nor the dataset gives one."""
+
+PROBE_LENGTH = 256
+"""Longest sequence the meta-device forward runs (the estimate scales linearly beyond it)."""
+
+FALLBACK_MEMORY = 8 * 2**30
+"""Budget when the machine's available memory cannot be read (no /proc/meminfo, no sysconf)."""
+
+BUDGET_ENV = "ZOO_MEMORY_BUDGET"
+"""Environment override of the budget: a size (``32GiB``, ``500MB``, bytes) or ``off``."""
+
+_ANALYTICAL_FACTOR = 16
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+
+class MemoryBudgetError(SpecError):
+    """A spec asks for more memory than the budget allows (exit 2, before anything is allocated)."""
+
+
+# sizes ------------------------------------------------------------------------------------------
+def fmt_bytes(n: int) -> str:
+    """``8.6 GiB`` style, for messages."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if value < 1024 or unit == "PiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def parse_size(text: str) -> int:
+    """``32GiB``, ``500 MB``, ``1e9`` -> bytes; a ``SpecError`` naming the accepted forms otherwise."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
+    if not m or m.group(2) not in _UNITS:
+        raise SpecError(f"memory budget {text!r} is not a size; write e.g. 32GiB, 500MB or a number of bytes "
+                        f"(units: {', '.join(u for u in _UNITS if u)})")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo (Linux); else free physical pages; else ``FALLBACK_MEMORY``."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        log.info("cannot read the available memory here; assuming %s", fmt_bytes(FALLBACK_MEMORY))
+        return FALLBACK_MEMORY
+
+
+def resolve_budget(setting: str | None = None) -> int | None:
+    """The budget in bytes: ``setting`` (a CLI flag), else ``$ZOO_MEMORY_BUDGET``, else the
+    available memory. ``off`` (either place) disables the check: None."""
+    raw = setting if setting is not None else os.environ.get(BUDGET_ENV)
+    if raw is None or raw.strip() == "":
+        return available_memory()
+    if raw.strip().lower() in ("off", "none", "0"):
+        return None
+    return parse_size(raw)
+
+
+# meta-device build ------------------------------------------------------------------------------
+def meta_model(spec: Any, *, registry: Any = None) -> Any:
+    """The model ``spec`` describes, built on the meta device (shapes only, no storage).
+
+    Raises:
+        SpecError: the spec is invalid (as ``build_model`` would).
+    """
+    import torch
+
+    from .build import build_model
+
+    try:
+        with torch.device("meta"):
+            return build_model(spec, registry=registry, device="meta")
+    except RuntimeError as exc:  # a core that calls .item() on its initialisation: see the module docstring
+        log.info("building on the meta device with every factory on meta failed (%s); building with "
+                 "device='meta' only (the core's initialisation runs on the CPU for one block)", exc)
+        return build_model(spec, registry=registry, device="meta")
+
+
+def expected_tensors(model: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """What ``save_pretrained`` stores for ``model``: name -> (shape, dtype), tied tensors once
+    (by identity: meta tensors have no storage to compare) and complex ones as real views (…, 2)."""
+    out: dict[str, tuple[tuple[int, ...], Any]] = {}
+    seen: set[int] = set()
+    for name, t in model.state_dict(keep_vars=True).items():
+        if t.numel() and id(t) in seen:
+            continue
+        seen.add(id(t))
+        out[name] = ((*t.shape, 2), t.real.dtype) if t.is_complex() else (tuple(t.shape), t.dtype)
+    return out
+
+
+# estimate ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Footprint:
+    """Sizes of a model and one training step's activations at ``batch × length``."""
+
+    params: int
+    param_bytes: int
+    activation_bytes: int
+    batch: int
+    length: int
+    assumed: str  # where batch and length came from
+    method: str  # how the activations were estimated
+
+    @property
+    def train_bytes(self) -> int:
+        """Parameters, gradients and Adam's two moments (4× the parameters) plus activations."""
+        return 4 * self.param_bytes + self.activation_bytes
+
+    def describe(self) -> str:
+        return (f"{self.params:,} parameters ({fmt_bytes(self.param_bytes)}); activations "
+                f"≈ {fmt_bytes(self.activation_bytes)} at batch {self.batch} × length {self.length} "
+                f"({self.assumed}; {self.method}); training ≈ {fmt_bytes(self.train_bytes)} "
+                "(parameters, gradients, Adam moments, activations)")
+
+
+def _batch_length(spec: Any, batch: int | None, length: int | None) -> tuple[int, int, str]:
+    env = spec.envelope
+    said = []
+    if batch is None:
+        batch = env.training.batch_size if env.training is not None else DEFAULT_BATCH
+        said.append("batch from training.batch_size" if env.training is not None else f"batch: default {DEFAULT_BATCH}")
+    if length is None:
+        length = env.input.length or DEFAULT_LENGTH
+        said.append("length from input.length" if env.input.length else f"length: default {DEFAULT_LENGTH}")
+    return batch, length, "; ".join(said) or "batch and length given"
+
+
+def _probe_input(spec: Any, length: int) -> Any:
+    import torch
+
+    inp = spec.envelope.input
+    if inp.vocab_size is not None:
+        return torch.zeros(1, length, dtype=torch.long, device="meta")
+    return torch.zeros(1, length, inp.channels, device="meta")
+
+
+def _traced_bytes(model: Any, x: Any) -> int:
+    """Bytes of every tensor the ops of ``model(x)`` produce (meta device: nothing is computed)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class _Count(TorchDispatchMode):
+        total = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    _Count.total += t.numel() * t.element_size()
+            return out
+
+    with _Count():
+        model.train()(x)
+    return _Count.total
+
+
+def _analytical_bytes(spec: Any, batch: int, length: int) -> int:
+    m = spec.envelope.model
+    width = max(m.d_model, int(getattr(spec.core_params, "d_state", 0) or 0))
+    return _ANALYTICAL_FACTOR * batch * length * width * 4 * m.depth
+
+
+def activation_bytes(spec: Any, model: Any, batch: int, length: int) -> tuple[int, str]:
+    """(bytes, method) for one training forward at ``batch × length``; see the module docstring."""
+    probe = min(length, PROBE_LENGTH)
+    try:
+        counted = _traced_bytes(model, _probe_input(spec, probe))
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+        log.info("core %r cannot run on the meta device (%s); using the analytical activation bound", spec.core.name, exc)
+        return (_analytical_bytes(spec, batch, length),
+                f"analytical bound {_ANALYTICAL_FACTOR}·B·L·max(H, N)·4 B per block: core {spec.core.name!r} cannot run on meta")
+    return math.ceil(counted * batch * length / probe), f"meta-device forward at length {probe}, scaled to B·L"
+
+
+def estimate(spec: Any, *, batch: int | None = None, length: int | None = None, registry: Any = None) -> Footprint:
+    """Parameter count and bytes and an activation estimate for ``spec`` (a validated ``Spec``),
+    without allocating; ``batch``/``length`` default to the spec's (see ``Footprint.assumed``)."""
+    model = meta_model(spec, registry=registry)
+    tensors = expected_tensors(model)
+    params = sum(math.prod(shape) for shape, _ in tensors.values())
+    nbytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype in tensors.values())
+    batch, length, assumed = _batch_length(spec, batch, length)
+    act, method = activation_bytes(spec, model, batch, length)
+    return Footprint(params, nbytes, act, batch, length, assumed, method)
+
+
+def check_budget(need: int, budget: int | None, *, what: str, footprint: Footprint, where: str) -> None:
+    """Refuse (``MemoryBudgetError``, exit 2) when ``need`` bytes exceed ``budget``; None = no check."""
+    if budget is None or need <= budget:
+        return
+    raise MemoryBudgetError(
+        f"{where}: {what} needs ≈ {fmt_bytes(need)}, more than the memory budget of {fmt_bytes(budget)} "
+        f"({footprint.describe()}). Make the model smaller (d_model, depth, classes, vocab_size, hidden widths), "
+        f"or raise the budget with --memory-budget SIZE / {BUDGET_ENV}=SIZE, or skip the check with "
+        f"--no-memory-check / {BUDGET_ENV}=off"
+    )
+
+
+def spec_summary(spec: Any, registry: Any = None) -> Mapping[str, Any]:
+    """The estimate as a dict (``zoo validate --json`` style consumers)."""
+    fp = estimate(spec, registry=registry)
+    return {"params": fp.params, "param_bytes": fp.param_bytes, "activation_bytes": fp.activation_bytes,
+            "batch": fp.batch, "length": fp.length, "assumed": fp.assumed, "method": fp.method}
