@@ -356,3 +356,18 @@ def test_a_plugin_that_imports_torch_and_changes_its_defaults_is_undone(tmp_path
     assert "zoo-float64" in out.stderr and "default dtype" in out.stderr and "number of threads" in out.stderr
     inspect_ = _zoo(["inspect", "pretrained/s4d-small.japanesevowels"], tmp_path, "zoo-float64")
     assert inspect_.returncode == 0, inspect_.stderr
+
+
+def test_a_contested_dataset_or_converter_names_both_plugins_instead_of_unknown():
+    from zoo_core.convert import get_converter
+    from zoo_core.datasets import resolve_name
+
+    def both(register):
+        register("toyset", "zoo_core.datasets:load_uea_bundled", description="toy")
+
+    srcs = [inline_source(n, _plugin(n, zoo_register_datasets=both, zoo_register_converters=both), dist=f"zoo-{n}")
+            for n in ("p", "q")]
+    reg = load_registry([*[s for s in _installed() if s.dist == "zoo-core"], *srcs])
+    for lookup in (lambda: resolve_name("toyset", reg), lambda: get_converter("toyset", registry=reg)):
+        with pytest.raises(NameConflictError, match=r"zoo-p 0.*zoo-q 0"):
+            lookup()

@@ -56,6 +56,7 @@ def get_converter(name: str, *, registry: Any = None) -> Converter:
     """The converter registered as ``name`` (imports its code)."""
     reg = _registry(registry)
     if name not in reg.converters:
+        reg.refuse_conflict("converters", name)  # two plugins claim it: name both (exit 4), not "unknown"
         names = sorted(reg.converters)
         raise UnknownNameError(
             f"unknown converter {name!r};{did_you_mean(name, names)} registered converters: "

@@ -184,6 +184,7 @@ def resolve_name(name: str, registry: Any = None) -> str:
     folded = {n.casefold(): n for n in reg.datasets}
     if name.casefold() in folded:
         return folded[name.casefold()]
+    reg.refuse_conflict("datasets", name)  # two plugins claim it: name both (exit 4), not "unknown"
     close = did_you_mean(name, reg.datasets) or did_you_mean(name.casefold(), folded)
     raise UnknownNameError(
         f"unknown dataset {name!r};{close} registered datasets: {', '.join(sorted(reg.datasets)) or '(none)'} "

@@ -218,7 +218,9 @@ class Registry:
         """The plugin whose code builds core ``name`` (compare with a weights file's ``versions``)."""
         return self.provider_of("cores", name)
 
-    def _refuse_conflict(self, kind: str, key: Any) -> None:
+    def refuse_conflict(self, kind: str, key: Any) -> None:
+        """Raise NameConflictError (exit 4, both plugins named) when ``key`` is claimed twice and
+        nobody keeps it; call before reporting a name as unknown or not installed."""
         if self.in_conflict(key, kind):
             raise NameConflictError(self.conflicts[(kind, key)].message())
 
@@ -226,7 +228,7 @@ class Registry:
     def core(self, name: str) -> CoreEntry:
         if name in self.cores:
             return self.cores[name]
-        self._refuse_conflict("cores", name)
+        self.refuse_conflict("cores", name)
         msg = f"unknown core {name!r};{did_you_mean(name, self.cores)}"
         family = name.split("-")[0]
         if name in KNOWN_PLUGINS or family in KNOWN_PLUGINS:
@@ -244,7 +246,7 @@ class Registry:
     def backend(self, op: str, name: str) -> BackendEntry:
         if (op, name) in self.backends:
             return self.backends[(op, name)]
-        self._refuse_conflict("backends", (op, name))
+        self.refuse_conflict("backends", (op, name))
         names = [n for (o, n) in self.backends if o == op]
         return _raise_unknown(
             f"unknown {op} backend {name!r};{did_you_mean(name, names)} {op} backends: {', '.join(sorted(names))}."
@@ -258,7 +260,7 @@ class Registry:
     def discretizer(self, name: str) -> DiscretizerEntry:
         if name in self.discretizers:
             return self.discretizers[name]
-        self._refuse_conflict("discretizers", name)
+        self.refuse_conflict("discretizers", name)
         return _raise_unknown(
             f"unknown discretizer {name!r};{did_you_mean(name, self.discretizers)} discretizers: {', '.join(sorted(self.discretizers))}."
         )
@@ -266,7 +268,7 @@ class Registry:
     def stacking_policy(self, name: str) -> SimpleEntry:
         if name in self.stacking_policies:
             return self.stacking_policies[name]
-        self._refuse_conflict("stacking_policies", name)
+        self.refuse_conflict("stacking_policies", name)
         return _raise_unknown(
             f"unknown stacking policy {name!r};{did_you_mean(name, self.stacking_policies)} policies: {', '.join(sorted(self.stacking_policies))}."
         )
