@@ -34,17 +34,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pluggy
-import yaml
 
 from . import hookspecs
 from .errors import DuplicateNameError, PluginLoadError
+from .plugin_conflicts import CORE_DIST, resolve_claims
 from .plugin_guard import CtrlC, TorchImportWatch, guarded_torch_state, watching_torch_import
 from .registry import (
     KIND_LABELS,
-    KNOWN_PLUGINS,
     OPS,
     BackendEntry,
-    Conflict,
     CoreEntry,
     DiscretizerEntry,
     Provider,
@@ -57,7 +55,6 @@ log = logging.getLogger(__name__)
 
 GROUP = "zoo_core.plugins"
 PLUGIN_API = 1
-CORE_DIST = "zoo-core"
 INLINE_DIST = "<inline>"
 
 
@@ -273,67 +270,6 @@ def _stage(pm: pluggy.PluginManager, src: PluginSource, ctrl_c: CtrlC, watch: To
     return info, staged
 
 
-def _catalogue_owners() -> dict[str, str]:
-    """core name -> the distribution ``registry.yaml`` names for it (its ``plugins:`` section), read
-    without torch; the built-in table when zoo-core runs without its checkout's registry.yaml."""
-    from .hub.catalogue import default_path
-
-    path = default_path()
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else None
-    except (OSError, yaml.YAMLError) as exc:
-        log.warning("cannot read the plugin catalogue %s (%s); using the built-in table of core owners", path, exc)
-        data = None
-    section = data.get("plugins") if isinstance(data, dict) else None
-    if not isinstance(section, dict):
-        return dict(KNOWN_PLUGINS)
-    owners: dict[str, str] = {}
-    for dist, entry in section.items():
-        for core in (entry or {}).get("cores", []) if isinstance(entry, dict) else []:
-            owners[str(core)] = str(dist)
-    return owners
-
-
-def _owner(kind: str, key: Any, claims: list[tuple[PluginInfo, Any]], owners: Callable[[], dict[str, str]]) -> tuple[Any, str]:
-    """The claim that keeps a contested name and why, or (None, ""): zoo-core's own registrations,
-    then for a core the distribution the catalogue names for it; never the load order."""
-    core_claims = [c for c in claims if c[1].provider.dist == CORE_DIST]
-    if len(core_claims) == 1:
-        return core_claims[0], "zoo-core's own"
-    if kind == "cores" and not core_claims:
-        dist = owners().get(key)
-        named = [c for c in claims if c[1].provider.dist == dist]
-        if len(named) == 1:
-            return named[0], f"registry.yaml names {dist} for it"
-    return None, ""
-
-
-def _resolve_claims(reg: Registry, staged: list[tuple[PluginInfo, Staged]]) -> None:
-    """Commit every registration; a name claimed by several plugins goes to its owner (``_owner``)
-    or to nobody, and each claimant records the conflict. Order independent by construction."""
-    claims: dict[tuple[str, Any], list[tuple[PluginInfo, Any]]] = {}
-    for info, items in staged:
-        for kind, pairs in items.items():
-            for key, entry in pairs:
-                claims.setdefault((kind, key), []).append((info, entry))
-    cache: dict[str, dict[str, str]] = {}
-    owners = lambda: cache.setdefault("owners", _catalogue_owners())  # noqa: E731 - read only if needed
-    for (kind, key), found in claims.items():
-        winner, why = (found[0], "") if len(found) == 1 else _owner(kind, key, found, owners)
-        if len(found) > 1:
-            provs = tuple(sorted((e.provider for _, e in found), key=lambda p: (p.dist, p.plugin)))
-            record = Conflict(kind, key, provs, winner[1].provider if winner else None, why)
-            reg.conflicts[(kind, key)] = record
-            for info, entry in found:
-                info.conflicts.append(record.note_for(entry.provider))
-                if winner is None or winner[0] is not info:
-                    info.status = "conflict"
-        if winner is not None:
-            info, entry = winner
-            getattr(reg, kind)[key] = entry
-            info.provides.setdefault(kind, []).append(key if isinstance(key, str) else f"{key[0]}:{key[1]}")
-
-
 def _check_fatal(info: PluginInfo, strict: bool) -> None:
     """zoo-core's own plugins must load; with ZOO_STRICT_PLUGINS every plugin must."""
     if info.status not in ("failed", "conflict") or not (strict or info.dist == CORE_DIST):
@@ -379,7 +315,7 @@ def load_registry(sources: Sequence[PluginSource] | None = None, *, strict: bool
             if items is not None:
                 staged.append((info, items))
             _check_fatal(info, strict)
-    _resolve_claims(reg, staged)
+    resolve_claims(reg, staged)
     for info in reg.plugins:
         _check_fatal(info, strict)
     for record in reg.conflicts.values():
