@@ -45,6 +45,7 @@ DEFAULT_RUNS = Path("runs/pretrained")  # the card's commands name this folder
 HUB_ORG = "ssm-zoo"  # where `zoo push` would publish (not published yet)
 LICENSE = "apache-2.0"
 WEIGHTS, CONFIG, CARD, PLOT = "model.safetensors", "config.json", "README.md", "curves.png"
+VOCAB = "vocab.json"  # a character model's tokenizer (zoo_core.tokenizer), bundled with its weights
 SECTION_COMMENT = "# Written by tools/pretrain.py from the training runs (zoo eval's test metrics, sha256 pins); do not edit by hand."
 PRIMARY = {"classification": "accuracy", "regression": "rmse", "sequence": "loss", "lm": "bits_per_token"}
 
@@ -164,11 +165,13 @@ def _describe_adaptive(spec: Mapping[str, Any]) -> str:
             f"number of applications and `adaptive_flops_ratio` the FLOPs over those of the fixed depth {m['depth']}.")
 
 
-def _intended_use(task: str, ds: Mapping[str, Any]) -> str:
+def _intended_use(tag: str, task: str, ds: Mapping[str, Any]) -> str:
     if task == "lm":
         return ("A small character-level language model to try SSM Zoo's language-model path: loading by tag, "
                 "streaming generation with `step`, perplexity on the held-out plays, and converting or fine-tuning "
-                "tests. Research and teaching only.")
+                "tests. Research and teaching only.\n\n"
+                f"Its characters ship in `{VOCAB}` (`zoo_core.tokenizer.CharTokenizer.from_pretrained(\"{tag}\")` "
+                f"encodes and decodes text); `zoo generate {tag} --prompt \"ROMEO:\" --temperature 0` continues a prompt.")
     return (f"A small, fast reference classifier for {ds['name']}: loading by tag, streaming inference with `step`, "
             "depth and backend experiments, and a baseline to compare other cores against on the same split. "
             "Research and teaching only.")
@@ -207,7 +210,7 @@ def render(tag: str, metrics: dict[str, Any], evaluation: dict[str, Any], info: 
         name=tag, spec=spec, metrics=metric_rows(evaluation, task), license=LICENSE, datasets=[ds["name"]],
         tags=[task, ds["name"]], num_params=int(metrics["params"]), training_command=command,
         plot=PLOT if metrics.get("plot") else None, description=_describe_run(spec, metrics, ds),
-        intended_use=_intended_use(task, ds), limitations=_limitations(tag, task, s["split"]["sizes"], int(metrics["params"])),
+        intended_use=_intended_use(tag, task, ds), limitations=_limitations(tag, task, s["split"]["sizes"], int(metrics["params"])),
         versions=info["versions"],
     )
 
@@ -225,6 +228,10 @@ def bundle(tag: str, metrics: dict[str, Any], evaluation: dict[str, Any], target
     plot = Path(metrics["plot"]) if metrics.get("plot") else None
     if plot is not None:
         files[PLOT] = plot.read_bytes()
+    if metrics["task"] == "lm":  # without its vocabulary a character model cannot encode a prompt
+        from zoo_core.tokenizer import CharTokenizer
+
+        files[VOCAB] = CharTokenizer.for_dataset(metrics["dataset"]["name"]).to_json()
     files[CARD] = render(tag, metrics, evaluation, info).encode("utf-8")
     atomic_write_dir(target, files)
     return {n: sha256_file(target / n) for n in sorted(files)}

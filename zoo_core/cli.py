@@ -247,7 +247,7 @@ def _names_other_command(argv: Sequence[str] | None, builtin: Any) -> bool:
 
 # zoo-core's own command groups, each a module with ``register_cli(subparsers)`` that imports
 # nothing heavy at load time (``zoo --help`` stays torch-free).
-BUILTIN_COMMANDS = ("zoo_core.train.cli", "zoo_core.hub.cli", "zoo_core.convert")
+BUILTIN_COMMANDS = ("zoo_core.train.cli", "zoo_core.hub.cli", "zoo_core.convert", "zoo_core.generate_cli")
 
 
 def _builtin_commands(sub: Any) -> None:
