@@ -9,15 +9,18 @@ What this layer adds to the client:
 
 - revisions are resolved to commit shas and returned (``PullResult.commit``); ``--local-dir``
   pulls also write it to ``zoo-pull.json``;
-- the sha256 of every pulled file is checked, against the registry's pin where one exists and
-  against the content hash the Hub announced (the cache blob's name: sha256 for LFS files, git sha1
-  for the others; for ``--local-dir`` pulls, the client's download metadata — when that is missing
-  and no pin exists, a warning says the file is unverified); the client checks only sizes. A file that fails is removed from the
-  cache (blob and pointer) and downloaded once more; a second failure is an error;
+- every pulled file is checked against a hash we trust (``verify.py``: the registry pin, an ETag
+  that is a sha256 or git sha1, the paths-info API's LFS sha256 / blob id, or offline what was
+  recorded when it was verified online); the client checks only sizes. A file that fails is removed
+  from the cache (blob and pointer) and downloaded once more; a second failure is an error. A file
+  nothing vouches for is reported ``unverified`` (``PullResult.unverified``, a warning) and refused
+  with ``require_verified`` / ``ZOO_HUB_REQUIRE_VERIFIED=1``;
 - a transient failure (5xx, 408/429, dropped connection, truncated body) is retried
   ``ZOO_HUB_RETRIES`` times in all (default 3) with exponential backoff from ``ZOO_HUB_BACKOFF``
   seconds (default 1); the client alone does not retry a GET answered 5xx;
-- errors become ``HubError`` / ``CheckpointError`` / ``MissingPluginError`` with what to do;
+- partial downloads a killed pull left in the repo's ``blobs/`` are swept (``leftovers.py``);
+- errors become ``HubError`` / ``HubConnectionError`` (exit 5) / ``CheckpointError`` /
+  ``MissingPluginError`` with what to do;
 - progress bars only on a terminal.
 """
 
@@ -39,8 +42,19 @@ from typing import Any
 from ..errors import CheckpointError, ZooError
 from ..plugins import env_flag
 from .catalogue import Catalogue, PretrainedEntry, load_catalogue, sha256_file
-from .errors import HubConnectionError, HubError, MissingPluginError
-from .refs import ModelRef, check_repo_id, check_revision, parse_ref
+from .errors import HubConnectionError, HubError, HubSettingError, MissingPluginError
+from .refs import HUB_PREFIX, LOCAL_PREFIX, ModelRef, check_repo_id, check_revision, parse_ref
+from .verify import (
+    Sources,
+    Verdict,
+    hub_file_hashes,
+    read_cache_record,
+    recorded_local,
+    strict_verification,
+    unverified_reason,
+    verify,
+    write_cache_record,
+)
 
 log = logging.getLogger("zoo_core.hub")
 
@@ -57,7 +71,9 @@ class PullResult:
     """Where a pulled model lies and exactly what it is.
 
     ``commit`` is the resolved commit sha (None for bundled and local folders without a record);
-    ``files`` maps each file to its verified sha256; ``pinned`` says every file matched a registry pin.
+    ``files`` maps each file to its sha256; ``verified`` names, per file, the trusted hash it
+    matched; ``unverified`` lists the files nothing vouched for; ``pinned`` says every file matched
+    a registry pin.
     """
 
     ref: str
@@ -68,6 +84,8 @@ class PullResult:
     commit: str | None = None
     files: dict[str, str] = field(default_factory=dict)
     pinned: bool = False
+    verified: dict[str, str] = field(default_factory=dict)
+    unverified: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "path": str(self.path)}
@@ -134,6 +152,8 @@ def _status(exc: BaseException) -> int | None:
 def is_transient(exc: BaseException) -> bool:
     """A failure worth retrying: 5xx, 408, 429, a dropped or timed-out connection, a short body."""
     for e in _chain(exc):
+        if isinstance(e, ZooError):
+            return False  # ours, already decided (a HubConnectionError is a ConnectionError but was retried already)
         status = _status(e)
         if status is not None:
             return status in (408, 429) or status >= 500
@@ -144,9 +164,31 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+def retry_settings() -> tuple[int, float]:
+    """(attempts, first backoff in seconds) from ``ZOO_HUB_RETRIES`` / ``ZOO_HUB_BACKOFF``, validated.
+
+    Checked before any request, so a typo is a usage error naming the variable (exit 2), not a Hub failure.
+    """
+    raw_n, raw_d = os.environ.get("ZOO_HUB_RETRIES", "3"), os.environ.get("ZOO_HUB_BACKOFF", "1.0")
+    try:
+        attempts = int(raw_n.strip())
+    except ValueError:
+        attempts = 0
+    if attempts < 1:
+        raise HubSettingError(f"ZOO_HUB_RETRIES={raw_n!r} is not allowed: it is the number of attempts in all, a whole "
+                              "number >= 1 (default 3); set e.g. ZOO_HUB_RETRIES=3 or unset it")
+    try:
+        delay = float(raw_d.strip())
+    except ValueError:
+        delay = -1.0
+    if not (0.0 <= delay <= 3600.0):
+        raise HubSettingError(f"ZOO_HUB_BACKOFF={raw_d!r} is not allowed: it is the first wait between attempts in seconds, "
+                              "a number from 0 to 3600 (default 1, doubling); set e.g. ZOO_HUB_BACKOFF=1 or unset it")
+    return attempts, delay
+
+
 def _retrying(fn: Any, what: str) -> Any:
-    attempts = max(1, int(os.environ.get("ZOO_HUB_RETRIES", "3")))
-    delay = float(os.environ.get("ZOO_HUB_BACKOFF", "1.0"))
+    attempts, delay = retry_settings()
     for i in range(attempts):
         try:
             return fn()
@@ -196,6 +238,12 @@ def _translate(exc: Exception, *, repo_id: str, revision: str, offline: bool, ca
     from huggingface_hub import utils as hfu
 
     where = f"{repo_id}@{revision}"
+    if any("does not have an ETag" in str(e) for e in _chain(exc)):
+        from huggingface_hub import constants
+
+        return HubError(f"the server at {constants.ENDPOINT} answered {where} without an ETag, so huggingface_hub cannot "
+                        "cache it or tell what it is: it is not the Hub or a Hub-compatible mirror; point HF_ENDPOINT at "
+                        "the Hub (or unset it) or at a mirror that sends the Hub's ETag headers")
     if isinstance(exc, hfu.LocalEntryNotFoundError) or (offline and isinstance(exc, (FileNotFoundError, hfu.EntryNotFoundError))):
         if offline:
             return HubError(f"offline (HF_HUB_OFFLINE or local_files_only) and {where} is not in the cache: "
@@ -221,16 +269,6 @@ def _translate(exc: Exception, *, repo_id: str, revision: str, offline: bool, ca
 
 
 # pulling ---------------------------------------------------------------------------------------
-def _git_sha1(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _download_metadata(folder: Path, name: str) -> list[str]:
     """The lines huggingface_hub records beside a ``--local-dir`` download: commit sha, etag, time."""
     meta = folder / ".cache" / "huggingface" / "download" / f"{name}.metadata"
@@ -238,7 +276,7 @@ def _download_metadata(folder: Path, name: str) -> list[str]:
 
 
 def _announced_etag(folder: Path, name: str, local_dir: bool) -> str | None:
-    """The content hash the Hub announced for a pulled file (LFS: sha256; regular: git sha1)."""
+    """The ETag the server announced for a pulled file (the cache blob's name, or the download metadata)."""
     if local_dir:
         lines = _download_metadata(folder, name)
         return lines[1].strip() if len(lines) > 1 else None
@@ -246,25 +284,32 @@ def _announced_etag(folder: Path, name: str, local_dir: bool) -> str | None:
     return target.name if target != (folder / name).absolute() else None
 
 
-def _verify(folder: Path, names: list[str], pins: Mapping[str, str], local_dir: bool) -> tuple[dict[str, str], dict[str, str]]:
-    """(sha256 per file, reason per file that failed)."""
-    hashes: dict[str, str] = {}
-    bad: dict[str, str] = {}
-    for name in names:
-        path = folder / name
-        digest = sha256_file(path)
-        hashes[name] = digest
-        etag = _announced_etag(folder, name, local_dir)
-        if name in pins and digest != pins[name]:
-            bad[name] = f"sha256 {digest[:16]}... but registry.yaml pins {pins[name][:16]}..."
-        elif etag and len(etag) == 64 and digest != etag:
-            bad[name] = f"sha256 {digest[:16]}... but the Hub announced {etag[:16]}..."
-        elif etag and len(etag) == 40 and _git_sha1(path) != etag:
-            bad[name] = f"git sha1 differs from the {etag[:16]}... the Hub announced"
-        elif name not in pins and not etag:
-            log.warning("%s: no registry pin and no hash announced by the Hub on record (its download metadata is "
-                        "missing), so its content is not verified; sha256 %s", path, digest)
-    return hashes, bad
+def _read_record(folder: Path) -> dict[str, Any]:
+    try:
+        record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _verify(folder: Path, names: list[str], pins: Mapping[str, str], *, local_dir: bool, repo_id: str,
+            commit: str | None, token: str | None, offline: bool) -> Verdict:
+    """Check each file against the first hash we trust (``verify.py``); the Hub's file metadata only if needed."""
+    etags = {n: _announced_etag(folder, n, local_dir) for n in names}
+    if local_dir:
+        recorded = recorded_local(_read_record(folder), commit)
+    else:
+        recorded = read_cache_record(folder.parent.parent, commit) if commit else {}
+    ask = None if offline or commit is None else (lambda: hub_file_hashes(repo_id, commit, names, token))
+    return verify(folder, names, Sources(pins, etags, recorded, ask))
+
+
+def _snapshot_files(folder: Path, commit: str | None, local_dir: bool) -> list[str]:
+    """The repo's files in a pulled folder: a ``--local-dir`` may also hold the user's own files, never counted."""
+    names = sorted(n for n in os.listdir(folder) if (folder / n).is_file() and n != RECORD)
+    if not local_dir:
+        return names
+    return [n for n in names if (lines := _download_metadata(folder, n)) and lines[0].strip() == commit]
 
 
 def _evict(folder: Path, name: str, local_dir: bool) -> None:
@@ -318,14 +363,23 @@ def _download(repo_id: str, revision: str, *, cache_dir: Path, local_dir: Path |
 def pull_hub(repo_id: str, revision: str | None = None, *, pins: Mapping[str, str] | None = None,
              cache_dir: str | os.PathLike[str] | None = None, local_dir: str | os.PathLike[str] | None = None,
              local_files_only: bool = False, token: str | None = None, force_download: bool = False,
-             ref: str | None = None) -> PullResult:
-    """Pull ``repo_id`` at ``revision`` (default ``main``) into the HF cache (or ``local_dir``) and verify it."""
+             ref: str | None = None, require_verified: bool | None = None) -> PullResult:
+    """Pull ``repo_id`` at ``revision`` (default ``main``) into the HF cache (or ``local_dir``) and verify it.
+
+    ``require_verified`` (default: ``ZOO_HUB_REQUIRE_VERIFIED``) refuses files no trusted hash vouches for.
+    """
     check_repo_id(repo_id)
     revision = check_revision(revision or "main")
     pins = dict(pins or {})
     offline = is_offline(local_files_only)
     cache = _cache_dir(cache_dir)
     ldir = Path(local_dir) if local_dir is not None else None
+    strict = strict_verification(require_verified)
+    retry_settings()  # a bad ZOO_HUB_* value is a usage error before any request
+    if ldir is None:
+        from .leftovers import sweep_incomplete
+
+        sweep_incomplete(cache, repo_id)
     for attempt in (1, 2):
         try:
             folder, commit = _download(repo_id, revision, cache_dir=cache, local_dir=ldir, offline=offline,
@@ -334,7 +388,7 @@ def pull_hub(repo_id: str, revision: str | None = None, *, pins: Mapping[str, st
             raise
         except Exception as exc:
             raise _translate(exc, repo_id=repo_id, revision=revision, offline=offline, cache_dir=cache, token=token) from exc
-        present = sorted(n for n in os.listdir(folder) if (folder / n).is_file() and n != RECORD)
+        present = _snapshot_files(folder, commit, ldir is not None)
         if WEIGHTS not in present:
             if _listed(repo_id, commit, token, offline) and attempt == 1:
                 continue  # older clients return a partial snapshot when a download fails: try once more
@@ -345,9 +399,13 @@ def pull_hub(repo_id: str, revision: str | None = None, *, pins: Mapping[str, st
         missing = sorted(set(pins) - set(present))
         if missing:
             raise CheckpointError(f"{repo_id}@{commit} lacks {', '.join(missing)}, which registry.yaml pins")
-        hashes, bad = _verify(folder, present, pins, ldir is not None)
+        verdict = _verify(folder, present, pins, local_dir=ldir is not None, repo_id=repo_id, commit=commit,
+                          token=token, offline=offline)
+        bad = verdict.bad
         if not bad:
             break
+        if ldir is None and commit is not None and not offline:
+            write_cache_record(folder.parent.parent, commit, verdict)  # forget what the bad files were trusted as
         for name in bad:
             _evict(folder, name, ldir is not None)
         detail = "; ".join(f"{n}: {why}" for n, why in sorted(bad.items()))
@@ -355,13 +413,29 @@ def pull_hub(repo_id: str, revision: str | None = None, *, pins: Mapping[str, st
             raise CheckpointError(f"{repo_id}@{commit}: {detail}. The bad files were removed from the cache and not "
                                   "loaded" + ("; go online to download them again" if offline else "; the download failed twice"))
         log.warning("%s@%s: %s; removed from the cache, downloading again", repo_id, commit, detail)
-    result = PullResult(ref or f"hf-hub:{repo_id}@{revision}", folder, "hub", repo_id, revision, commit, hashes,
-                        pinned=bool(pins) and set(pins) >= set(hashes))
+    result = PullResult(ref or f"hf-hub:{repo_id}@{revision}", folder, "hub", repo_id, revision, commit, verdict.hashes,
+                        pinned=bool(pins) and set(pins) >= set(verdict.hashes), verified=verdict.verified,
+                        unverified=sorted(verdict.unverified))
     if ldir is not None:
         from ..io.atomic import atomic_write_file
 
         atomic_write_file(ldir / RECORD, (json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n").encode())
+    elif commit is not None and not offline:
+        write_cache_record(folder.parent.parent, commit, verdict)
+    _announce_unverified(result, strict)
     return result
+
+
+def _announce_unverified(result: PullResult, strict: bool) -> None:
+    """Say once that files are unverified; refuse them when ``strict``."""
+    if not result.unverified:
+        return
+    where = f"{result.repo_id}@{result.commit}" if result.repo_id else str(result.path)
+    reason = unverified_reason(result.unverified)
+    if strict:
+        raise CheckpointError(f"{where}: {reason}. Refused because verified content is required (--require-verified or "
+                              "ZOO_HUB_REQUIRE_VERIFIED=1); drop that to use them unverified")
+    log.warning("%s: %s; using them unverified", where, reason)
 
 
 def _pull_bundled(entry: PretrainedEntry) -> PullResult:
@@ -376,38 +450,65 @@ def _pull_bundled(entry: PretrainedEntry) -> PullResult:
                       pinned=set(entry.files) >= set(hashes))
 
 
-def _pull_local(ref: ModelRef) -> PullResult:
+def _pull_local(ref: ModelRef, strict: bool = False) -> PullResult:
+    from ..io.atomic import recover_dir
+
     assert ref.path is not None
     folder = ref.path
+    recover_dir(folder)  # a save killed between its two renames left the folder aside: put it back first
     if not (folder / WEIGHTS).is_file():
         raise HubError(f"{ref.text}: {folder} holds no {WEIGHTS}; give a folder written by save_pretrained or zoo pull --local-dir")
-    record = json.loads((folder / RECORD).read_text()) if (folder / RECORD).is_file() else {}
+    record = _read_record(folder)
     hashes = {n: sha256_file(folder / n) for n in PUSHED if (folder / n).is_file()}
-    bad = sorted(n for n, d in record.get("files", {}).items() if n in hashes and hashes[n] != d)
+    bad = sorted(n for n, d in (record.get("files") or {}).items() if n in hashes and hashes[n] != d)
     if bad:
         raise CheckpointError(f"{folder}: {', '.join(bad)} changed since it was pulled (sha256 differs from {RECORD}); pull it again")
-    return PullResult(ref.text, folder, "local", record.get("repo_id"), record.get("revision"), record.get("commit"), hashes)
+    unverified = sorted(n for n in record.get("unverified") or [] if n in hashes)
+    verified = {n: s for n, s in (record.get("verified") or {}).items() if n in hashes and isinstance(s, str)}
+    result = PullResult(ref.text, folder, "local", record.get("repo_id"), record.get("revision"), record.get("commit"), hashes,
+                        verified=verified, unverified=unverified)
+    _announce_unverified(result, strict)
+    return result
+
+
+def resolve_folder(model: str | os.PathLike[str], **kw: Any) -> PullResult:
+    """A model folder path or a reference, ready to load: what ``zoo eval`` (and any loader taking either) calls.
+
+    A plain path goes through ``local-dir:`` so that a folder a killed save left between its two
+    renames is recovered first (``recover_dir``), as for every other load.
+    """
+    from ..io.atomic import recover_dir
+
+    text = os.fspath(model)
+    if not text.startswith((HUB_PREFIX, LOCAL_PREFIX)):
+        path = Path(text).expanduser()
+        recover_dir(path)
+        if path.is_dir():
+            return pull(LOCAL_PREFIX + text, **kw)
+    return pull(text, **kw)
 
 
 def pull(ref: str, *, revision: str | None = None, cache_dir: str | os.PathLike[str] | None = None,
          local_dir: str | os.PathLike[str] | None = None, local_files_only: bool = False, token: str | None = None,
-         force_download: bool = False, source: str = "auto", catalogue: Catalogue | None = None) -> PullResult:
+         force_download: bool = False, source: str = "auto", catalogue: Catalogue | None = None,
+         require_verified: bool | None = None) -> PullResult:
     """Fetch the files of a model reference and verify them; nothing is built or loaded.
 
     Args:
         ref: ``arch``, ``arch.tag``, ``hf-hub:org/name[@revision]`` or ``local-dir:path``.
         source: for catalogue names: ``auto`` (the bundled copy when it ships and no ``local_dir``
             is asked for, else the Hub at the pinned commit), ``hub`` or ``bundled``.
+        require_verified: refuse files no trusted hash vouches for (default: ``ZOO_HUB_REQUIRE_VERIFIED``).
     """
     if source not in ("auto", "hub", "bundled"):
         raise HubError(f"source must be 'auto', 'hub' or 'bundled', not {source!r}")
     r = parse_ref(ref, revision=revision)
     if r.kind == "local":
-        return _pull_local(r)
+        return _pull_local(r, strict_verification(require_verified))
     if r.kind == "hub":
         assert r.repo_id is not None
         return pull_hub(r.repo_id, r.revision, cache_dir=cache_dir, local_dir=local_dir, local_files_only=local_files_only,
-                        token=token, force_download=force_download, ref=r.text)
+                        token=token, force_download=force_download, ref=r.text, require_verified=require_verified)
     entry = (catalogue or load_catalogue()).get(r.name or "")
     bundled_ok = entry.bundled is not None and entry.bundled.is_dir()
     if source == "bundled" or (source == "auto" and bundled_ok and local_dir is None) or (source == "auto" and not entry.hub_repo):
@@ -417,7 +518,8 @@ def pull(ref: str, *, revision: str | None = None, cache_dir: str | os.PathLike[
     if not entry.hub_repo:
         raise HubError(f"{entry.name} has no Hub source in registry.yaml; only its bundled copy can be used")
     return pull_hub(entry.hub_repo, entry.revision, pins=entry.files, cache_dir=cache_dir, local_dir=local_dir,
-                    local_files_only=local_files_only, token=token, force_download=force_download, ref=entry.name)
+                    local_files_only=local_files_only, token=token, force_download=force_download, ref=entry.name,
+                    require_verified=require_verified)
 
 
 # building ----------------------------------------------------------------------------------------
@@ -480,12 +582,14 @@ def create_model(ref: str, pretrained: bool = True, *, revision: str | None = No
                  cache_dir: str | os.PathLike[str] | None = None, local_files_only: bool = False,
                  token: str | None = None, force_download: bool = False, strict: bool = True,
                  device: Any = None, registry: Any = None, source: str = "auto",
-                 catalogue: Catalogue | None = None, **overrides: Any) -> Any:
+                 catalogue: Catalogue | None = None, require_verified: bool | None = None, **overrides: Any) -> Any:
     """Build a model from a reference, with its trained weights when ``pretrained``.
 
     ``overrides`` are merged into the spec (``task={"classes": 5}``, ``model={"depth": 2}``); with
     ``strict=True`` (the default) every stored tensor must then still fit, else the mismatches are
-    listed. ``pretrained=False`` builds the same architecture with fresh weights.
+    listed. ``pretrained=False`` builds the same architecture with fresh weights. Files no trusted
+    hash vouches for are loaded with a warning, or refused with ``require_verified``
+    (default: ``ZOO_HUB_REQUIRE_VERIFIED``).
     """
     from ..build import build_model
     from ..io.pretrained import load_pretrained, load_weights, read_folder
@@ -495,7 +599,7 @@ def create_model(ref: str, pretrained: bool = True, *, revision: str | None = No
         entry = (catalogue or load_catalogue()).get(r.name or "")
         return build_model(_merge(entry.spec, overrides), registry=registry, device=device)
     got = pull(ref, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only, token=token,
-               force_download=force_download, source=source, catalogue=catalogue)
+               force_download=force_download, source=source, catalogue=catalogue, require_verified=require_verified)
     where = f"{got.repo_id}@{got.commit}" if got.repo_id else str(got.path)
     check_plugins(got.path, where=where, registry=registry)
     if pretrained and strict and not overrides:
@@ -550,6 +654,7 @@ def push_to_hub(model_or_dir: Any, repo_id: str, *, revision: str | None = None,
 
     check_repo_id(repo_id)
     branch = check_revision(revision) if revision else "main"
+    retry_settings()  # a bad ZOO_HUB_* value is a usage error before any request
     token = token or get_token()
     if not token:
         raise HubError("pushing needs a Hub token with write access: set HF_TOKEN, pass token=, or run `hf auth login`")

@@ -32,17 +32,25 @@ def cmd_pull(args: argparse.Namespace) -> int:
     from .api import pull
 
     res = pull(args.ref, revision=args.revision, cache_dir=args.cache_dir, local_dir=args.local_dir,
-               force_download=args.force_download, source=args.source)
+               force_download=args.force_download, source=args.source, require_verified=args.require_verified or None)
     if args.json:
         print(json.dumps(res.to_json(), indent=2, sort_keys=True))
         return 0
     where = f"{res.repo_id}@{res.commit}" if res.commit else res.source
-    check = "sha256 matches registry.yaml's pins" if res.pinned else "sha256 verified against the Hub's hashes"
-    if res.source != "hub":
-        check = "sha256 matches registry.yaml's pins" if res.pinned else "read from a local folder"
-    print(f"{res.ref}: {where} ({len(res.files)} files, {check})")
+    print(f"{res.ref}: {where} ({len(res.files)} files, {_check_text(res)})")
     print(res.path)
     return 0
+
+
+def _check_text(res: Any) -> str:
+    """How the files were checked, in words; never "verified" for a file nothing vouched for."""
+    if res.unverified:
+        return f"unverified: {', '.join(res.unverified)} (nothing trusted vouches for their content; see the warning)"
+    if res.pinned:
+        return "sha256 matches registry.yaml's pins"
+    if res.source == "hub":
+        return "sha256 verified against the Hub's hashes"
+    return "read from a local folder"
 
 
 def register_cli(subparsers: Any) -> None:
@@ -64,7 +72,9 @@ def register_cli(subparsers: Any) -> None:
     s.add_argument("--force-download", action="store_true", help="download again even if cached")
     s.add_argument("--source", choices=("auto", "hub", "bundled"), default="auto",
                    help="for catalogue names: the bundled copy, the Hub, or whichever is there (auto)")
-    s.add_argument("--json", action="store_true", help="print the record: commit sha, path, sha256 per file")
+    s.add_argument("--require-verified", action="store_true",
+                   help="refuse files no trusted sha256 vouches for (as ZOO_HUB_REQUIRE_VERIFIED=1); exit 3")
+    s.add_argument("--json", action="store_true", help="print the record: commit sha, path, sha256 per file, unverified files")
     s.set_defaults(fn=cmd_pull)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import PluginError, ZooError
+from ..errors import ConnectionFailedError, PluginError, ZooError
 
 
 class HubError(ZooError):
@@ -11,10 +11,16 @@ class HubError(ZooError):
     exit_code = 2
 
 
-class HubConnectionError(HubError):
-    """The Hub could not be reached, or kept failing, after the retries (CLI exit 1)."""
+class HubConnectionError(HubError, ConnectionFailedError):
+    """The Hub could not be reached, or kept failing, after the retries (CLI exit 5: neither a crash nor a usage error)."""
 
-    exit_code = 1
+    exit_code = 5
+
+
+class HubSettingError(ZooError, ValueError):
+    """A ``ZOO_HUB_*`` environment variable has a value that is not allowed (CLI exit 2)."""
+
+    exit_code = 2
 
 
 class MissingPluginError(PluginError):

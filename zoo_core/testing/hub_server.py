@@ -35,6 +35,13 @@ Faults (``add_fault``) are deterministic and counted: drop the connection, answe
 later request is dropped, as if the server died mid-pull). Every request is logged
 (``requests``) so tests can assert exact round trips, e.g. "0 requests while offline".
 
+``mirror(etag=..., paths_info=...)`` makes it answer as a mirror or proxy that is not the Hub:
+``etag`` is the ETag form of ``resolve`` (``hub``: git sha1 + ``X-Linked-Etag`` sha256 as the Hub;
+``md5``: an md5 of the content, as S3-backed mirrors; ``weak``: ``W/"<size>-<md5 prefix>"``, as
+nginx; ``sha512``: a hex digest of another length; ``none``: no ETag at all), and
+``paths_info=False`` drops the file hashes from ``paths-info`` and ``model_info`` (404 / no
+``lfs`` / ``blobId``), so a client has no sha256 it can trust.
+
 What this does **not** prove: Xet transfer, auth scopes and fine-grained tokens, gated repos,
 rate limits, multipart LFS uploads (files > 5 GB), server-side model-card rules beyond YAML
 parsing, pagination of long listings, and any drift of the real Hub's responses from what is
@@ -57,7 +64,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-__all__ = ["READ_TOKEN", "WRITE_TOKEN", "Fault", "HubServer", "RequestRecord", "git_blob_sha1"]
+__all__ = ["ETAG_FORMS", "READ_TOKEN", "WRITE_TOKEN", "Fault", "HubServer", "RequestRecord", "git_blob_sha1"]
 
 WRITE_TOKEN = "hf_zoo_loopback_write_token"
 READ_TOKEN = "hf_zoo_loopback_read_token"
@@ -65,6 +72,7 @@ _LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".npz", ".npy",
 _LFS_MIN_SIZE = 10 * 1024 * 1024
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _REPO = rf"(?P<repo>{_NAME}/{_NAME})"
+ETAG_FORMS = ("hub", "md5", "weak", "sha512", "none")
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -170,6 +178,8 @@ class HubServer:
         self.requests: list[RequestRecord] = []
         self.faults: list[Fault] = []
         self.gone = False
+        self.etag_form = "hub"
+        self.paths_info = True
         self._lock = threading.RLock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -234,11 +244,30 @@ class HubServer:
         return fault
 
     def clear(self) -> None:
-        """Forget faults and the request log (repos are kept)."""
+        """Forget faults, mirror settings and the request log (repos are kept)."""
         with self._lock:
             self.faults.clear()
             self.requests.clear()
             self.gone = False
+            self.etag_form, self.paths_info = "hub", True
+
+    def mirror(self, *, etag: str = "hub", paths_info: bool = True) -> None:
+        """Answer downloads as a mirror would: the ETag form of ``resolve``, and whether file hashes are served."""
+        if etag not in ETAG_FORMS:
+            raise ValueError(f"unknown ETag form {etag!r}; one of {', '.join(ETAG_FORMS)}")
+        with self._lock:
+            self.etag_form, self.paths_info = etag, paths_info
+
+    def etag_headers(self, f: _File) -> dict[str, str]:
+        """The ETag headers ``resolve`` sends for a file under the current ``etag_form``."""
+        if self.etag_form == "hub":
+            if f.sha256 is not None:
+                return {"ETag": f'"{f.git_oid}"', "X-Linked-Etag": f'"{f.sha256}"'}
+            return {"ETag": f'"{f.git_oid}"'}
+        content = self.lfs[f.sha256] if f.sha256 is not None else f.data or b""
+        md5 = hashlib.md5(content).hexdigest()
+        return {"md5": {"ETag": f'"{md5}"'}, "weak": {"ETag": f'W/"{len(content):x}-{md5[:8]}"'},
+                "sha512": {"ETag": f'"{hashlib.sha512(content).hexdigest()}"'}, "none": {}}[self.etag_form]
 
     def count(self, method: str | None = None, pattern: str = "") -> int:
         """How many logged requests match ``method`` and the regular expression ``pattern``."""
@@ -484,7 +513,7 @@ class _Handler(BaseHTTPRequestHandler):
         siblings = []
         for f in sorted(commit.files.values(), key=lambda f: f.path):
             sib: dict[str, Any] = {"rfilename": f.path}
-            if blobs:
+            if blobs and self.hub.paths_info:
                 sib.update(size=f.size, blobId=f.git_oid)
                 if f.sha256:
                     sib["lfs"] = {"sha256": f.sha256, "size": f.size, "pointerSize": len(_lfs_pointer(f.sha256, f.size))}
@@ -523,6 +552,8 @@ class _Handler(BaseHTTPRequestHandler):
     def paths_info(self, repo: str, rev: str) -> None:  # HfApi.get_paths_info
         r = self._repo_for_read(repo)
         commit = r.commits[self.hub._resolve(r, rev)]
+        if not self.hub.paths_info:
+            raise _HubError(404, f"the loopback Hub does not implement POST {self.path} (mirror(paths_info=False))")
         ctype = self.headers.get("Content-Type", "")
         paths = self._json_body().get("paths", []) if "json" in ctype else parse_qs(self._body.decode()).get("paths", [])
         self._json([commit.files[p].entry() for p in paths if p in commit.files])
@@ -684,13 +715,11 @@ class _Handler(BaseHTTPRequestHandler):
         if f is None:
             self._error_commit = oid
             raise _HubError(404, f"Entry not found: {fpath}", "EntryNotFound")
-        headers = {"X-Repo-Commit": oid, "Accept-Ranges": "bytes"}
+        headers = {"X-Repo-Commit": oid, "Accept-Ranges": "bytes", **self.hub.etag_headers(f)}
         if f.sha256 is not None:  # LFS: the metadata is on the redirect; the bytes come from the "CDN"
-            headers.update({"ETag": f'"{f.git_oid}"', "X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(f.size),
-                            "Location": f"{self.hub.cdn_url}/cdn-lfs/{f.sha256}?repo={repo}"})
+            headers.update({"X-Linked-Size": str(f.size), "Location": f"{self.hub.cdn_url}/cdn-lfs/{f.sha256}?repo={repo}"})
             self._send(302, b"", headers)
             return
-        headers["ETag"] = f'"{f.git_oid}"'
         self._send_content(f.data or b"", headers)
 
     @_route("GET", r"/cdn-lfs/(?P<sha>[0-9a-f]{64})")
