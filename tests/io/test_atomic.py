@@ -453,3 +453,40 @@ def test_atomic_write_file_sweeps_dead_tmp(tmp_path: Path) -> None:
 
 def test_recover_dir_on_missing_parent_is_a_no_op(tmp_path: Path) -> None:
     recover_dir(tmp_path / "nowhere" / "model")
+
+
+# ---------------------------------------------------------------------------------------------
+# Every load path recovers a folder left between the two renames of a swap
+
+
+def _half_swapped_model(tmp_path: Path) -> Path:
+    """A saved tiny model (BasicMotions-shaped) whose folder a killed save left aside as ``.m.old-<dead pid>-…``."""
+    from zoo_core.build import build_model
+
+    spec = {"schema_version": 1, "task": {"kind": "classification", "classes": 4}, "input": {"channels": 6},
+            "model": {"d_model": 8, "depth": 1, "core": {"kind": "s4d", "preset": "tiny"}}}
+    target = tmp_path / "m"
+    build_model(spec, seed=0).save_pretrained(str(target))
+    os.rename(target, tmp_path / f".m.old-{dead_pid()}-0badc0de")
+    return target
+
+
+@posix_only
+def test_zoo_pull_local_dir_recovers_a_half_swapped_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from zoo_core.hub.cli import main
+
+    target = _half_swapped_model(tmp_path)
+    assert main(["pull", f"local-dir:{target}"]) == 0, capsys.readouterr().err
+    assert (target / "model.safetensors").is_file() and os.listdir(tmp_path) == ["m"]
+
+
+@posix_only
+@pytest.mark.parametrize("form", ["local-dir:", ""])
+def test_zoo_eval_recovers_a_half_swapped_folder(tmp_path: Path, form: str, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("aeon")
+    from zoo_core.train.cli import main
+
+    target = _half_swapped_model(tmp_path)
+    assert main(["eval", f"{form}{target}", "--dataset", "BasicMotions"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["dataset"] == "BasicMotions"
+    assert (target / "model.safetensors").is_file() and os.listdir(tmp_path) == ["m"]

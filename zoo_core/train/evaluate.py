@@ -224,10 +224,9 @@ def evaluate_model(
     """
     if split not in SPLITS:
         raise SpecError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
-    if not Path(model_dir).is_dir():
-        from ..hub.api import pull
+    from ..hub.api import resolve_folder
 
-        model_dir = pull(str(model_dir)).path
+    model_dir = resolve_folder(model_dir).path  # a folder (recovered if a save was killed mid-swap) or a reference
     model_dir = Path(model_dir)
     ctx = run_context(model_dir)
     model = load_pretrained(model_dir)
