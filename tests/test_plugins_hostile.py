@@ -371,3 +371,13 @@ def test_a_contested_dataset_or_converter_names_both_plugins_instead_of_unknown(
     for lookup in (lambda: resolve_name("toyset", reg), lambda: get_converter("toyset", registry=reg)):
         with pytest.raises(NameConflictError, match=r"zoo-p 0.*zoo-q 0"):
             lookup()
+
+
+def test_loading_weights_of_a_contested_core_is_a_plugin_error_not_the_files():
+    from zoo_core.io.pretrained import load_pretrained
+
+    base = [s for s in _installed() if s.dist != "zoo-s4d"]  # two forks claim s4d, neither is the catalogue's
+    reg = load_registry([*base, _src("a", "zoo-a", "s4d"), _src("b", "zoo-b", "s4d")])
+    with pytest.raises(NameConflictError, match=r"zoo-a 1\.0.*zoo-b 1\.0") as err:
+        load_pretrained(ROOT / "pretrained" / "s4d-small.japanesevowels", registry=reg)
+    assert err.value.exit_code == 4

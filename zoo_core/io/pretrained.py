@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from safetensors.torch import save as save_bytes
 from torch import Tensor, nn
 
-from ..errors import CheckpointError, ProviderMismatchError, ZooError
+from ..errors import CheckpointError, PluginError, ProviderMismatchError, ZooError
 from ..spec import Spec, load_spec
 from .atomic import atomic_write_dir, recover_dir
 from .safetensors_check import DTYPES, TensorInfo, read_checked, read_header_file
@@ -285,6 +285,8 @@ def check_provider(info: Mapping[str, Any], registry: Any, *, source: str, trust
 def _stored_spec(info: Mapping[str, Any], registry: Any, source: str) -> Spec:
     try:
         return load_spec(info["spec"], registry=registry)
+    except PluginError:
+        raise  # e.g. two plugins claim the core: a plugin problem (exit 4), not the file's
     except ZooError as exc:
         raise CheckpointError(f"{source}: the stored spec cannot be built here: {exc}") from None
 
