@@ -480,3 +480,49 @@ def test_mutation_fuzz() -> None:
     assert sum(outcomes.values()) == 2000
     assert outcomes["rejected"] > 1000 and outcomes["identical"] > 0, outcomes
     assert elapsed < 20, elapsed
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes from fstat before any data is read (issue 11)
+
+
+def _sparse(path: Path, head: bytes, size: int) -> Path:
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(size)  # sparse: no disk, no memory
+    return path
+
+
+def test_valid_header_on_a_huge_sparse_file_is_refused_before_reading_it(tmp_path: Path) -> None:
+    from zoo_core.io.safetensors_check import read_header_file
+
+    head = save({"w": torch.zeros(4)})  # a small valid file: header + 16 bytes of data
+    path = _sparse(tmp_path / "model.safetensors", head, 6 * 2**30)
+    started = time.perf_counter()
+    for read in (read_header_file, read_checked):
+        with pytest.raises(CheckpointError) as info:
+            read(path)
+        msg = str(info.value)
+        data_len = 6 * 2**30 - len(head) + 16
+        assert "trailing data" in msg and "promises 16 bytes" in msg and f"{data_len} are present" in msg
+    assert time.perf_counter() - started < 2
+
+
+def test_header_file_check_reads_no_tensor_data(tmp_path: Path) -> None:
+    from zoo_core.io.safetensors_check import read_header_file
+
+    path = tmp_path / "model.safetensors"
+    save_file({"a": torch.ones(3), "b": torch.zeros(2, 2)}, str(path), metadata={"k": "v"})
+    infos, meta = read_header_file(path)
+    assert infos["b"].shape == (2, 2) and meta == {"k": "v"}
+    path.write_bytes(path.read_bytes()[:-4])  # truncated data: the size check alone finds it
+    with pytest.raises(CheckpointError, match=TRUNCATED.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+        read_header_file(path)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_is_refused_without_opening_it(tmp_path: Path) -> None:
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        read_checked(fifo)  # opening a FIFO for reading would block until a writer comes
