@@ -628,7 +628,8 @@ def _stage(model_or_dir: Any, staging: Path, repo_id: str) -> dict[str, str]:
     else:
         src = staging.parent / "saved"
         save_pretrained(model_or_dir, src)
-    tensors, info = read_folder(src)  # never publish weights that would not load
+    _check_loadable(src)  # never publish weights that would not load: before anything is uploaded
+    tensors, info = read_folder(src)
     staging.mkdir()
     for name in os.listdir(src):
         if name in PUSHED or name.endswith(IMAGES):
@@ -640,6 +641,21 @@ def _stage(model_or_dir: Any, staging: Path, repo_id: str) -> dict[str, str]:
                            num_params=sum(int(t.numel()) for t in tensors.values()))
         (staging / CARD).write_text(card, encoding="utf-8")
     return {n: sha256_file(staging / n) for n in sorted(os.listdir(staging))}
+
+
+def _check_loadable(folder: Path) -> None:
+    """The full load check of ``zoo_core.io.pretrained.check_folder`` (metadata, header, a meta-device build).
+
+    Why: a folder whose stored spec is a string, is far larger than its tensors or has metadata of
+    the wrong types would be published and then fail for everyone who pulls it.
+    """
+    from ..io import pretrained
+
+    check = getattr(pretrained, "check_folder", None)
+    if check is None:  # an older zoo_core.io: read_folder below is then the only check
+        log.warning("%s: zoo_core.io.pretrained.check_folder is missing; pushing after read_folder's checks only", folder)
+        return
+    check(folder)
 
 
 def push_to_hub(model_or_dir: Any, repo_id: str, *, revision: str | None = None, private: bool | None = None,
