@@ -9,7 +9,12 @@ PLUGINS := $(wildcard plugins/zoo-*)
 # pulling a multi-GB CUDA build (a bare `torch` requirement with no torch installed would).
 TORCH ?= torch==2.13.0+cpu
 
-.PHONY: setup demo test bench clean
+# `make smoke`: what a user gets from `pip install zoo-core zoo-s4d ...`: a fresh venv, the same torch
+# wheel, zoo-core and every plugin installed non-editable with no extras, then tools/smoke.py (run
+# from outside the source tree, so the installed copy is what it imports).
+SMOKE_VENV ?= build/smoke-venv
+
+.PHONY: setup demo test bench clean smoke
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) Makefile
@@ -31,6 +36,13 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+smoke:
+	rm -rf $(SMOKE_VENV)
+	python3 -m venv $(SMOKE_VENV)
+	$(SMOKE_VENV)/bin/python -m pip install -q --disable-pip-version-check "$(TORCH)"
+	$(SMOKE_VENV)/bin/python -m pip install -q --disable-pip-version-check . $(PLUGINS)
+	cd $(SMOKE_VENV) && ./bin/python $(CURDIR)/tools/smoke.py --expect-installed
 
 bench: setup
 	$(PY) benchmarks/bench_s4d.py
