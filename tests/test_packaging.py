@@ -100,4 +100,8 @@ def test_the_optional_imports_are_guarded_where_they_are_imported():
 
 def test_the_ci_installs_with_no_extras_and_runs_the_smoke_script():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    assert "tools/smoke.py" in ci and (ROOT / "tools" / "smoke.py").is_file()
+    make = (ROOT / "Makefile").read_text(encoding="utf-8")
+    target = make[make.index("\nsmoke:"):].split("\n\n")[0]
+    assert "make smoke" in ci and "tools/smoke.py --expect-installed" in target
+    install = next(line for line in target.splitlines() if "pip install" in line and "$(PLUGINS)" in line)
+    assert " . $(PLUGINS)" in install and "[" not in install and "-e" not in install.split()  # no extras, not editable
