@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from zoo_core.hookspecs import hookimpl
 from zoo_core.hub.catalogue import load_catalogue
 from zoo_core.train.cli import main
 from zoo_core.train.evaluate import SplitOverlapError, evaluate_model
@@ -64,3 +65,31 @@ def test_a_run_folder_records_its_split_and_the_other_protocol_is_refused(tmp_pa
     assert evaluate_model(best, device="cpu")["protocol"] == "seed-split"
     with pytest.raises(SplitOverlapError, match="of Synth3 are sequences the model was trained on"):
         evaluate_model(best, protocol="official", device="cpu")
+
+
+class OtherPlugin:
+    zoo_api = 1
+
+    @staticmethod
+    @hookimpl
+    def zoo_register_datasets(register):
+        from .conftest import synth_loader
+
+        register("Other3", synth_loader, description="another 3-class set", task="classification", channels=2, classes=3,
+                 length=10, sizes={"train": 30, "test": 30}, params={"n": 30, "length": 10})
+
+
+def test_another_dataset_is_not_checked_against_the_training_datasets_split(tmp_path, synth_registry, monkeypatch):
+    """The training split a run names is a split of its own dataset: on another dataset it names nothing."""
+    import zoo_core.plugins
+    from zoo_core.plugins import entry_point_sources, inline_source, load_registry
+
+    from .conftest import SynthPlugin
+
+    registry = load_registry([*entry_point_sources(), inline_source("synth", SynthPlugin), inline_source("other", OtherPlugin)])
+    spec = tiny_spec(tmp_path, classes=3, channels=2,
+                     training={"dataset": "Synth3", "batch_size": 8, "epochs": 1, "lr": 1e-2, "protocol": "seed-split"})
+    train(spec, output=tmp_path / "run", registry=registry, progress=Progress(quiet=True))
+    monkeypatch.setattr(zoo_core.plugins, "get_registry", lambda *a, **k: registry)
+    got = evaluate_model(tmp_path / "run" / "seed-0" / "lr-0.01" / "best", dataset="Other3", protocol="official", device="cpu")
+    assert got["dataset"] == "Other3" and "overlap_with_training" not in got

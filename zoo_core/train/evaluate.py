@@ -101,22 +101,26 @@ def _sequence_digests(split: SplitData) -> list[bytes]:
     return out
 
 
+SPLIT_SETTINGS = ("protocol", "seed", "val_fraction")
+
+
 def trained_split(ctx: dict[str, Any], stored: Any) -> dict[str, Any] | None:
-    """The protocol, seed and val_fraction whose training split the model was fitted on (None: unknown).
+    """The dataset, protocol, seed and val_fraction whose training split the model was fitted on (None: unknown).
 
     A ``zoo train`` run folder records them exactly; a saved model's spec records the settings of
     its ``training:`` section, which name one split only when they name one seed.
     """
     if "seed" in ctx and "protocol" in ctx:
-        return {"protocol": ctx["protocol"], "seed": ctx["seed"], "val_fraction": ctx.get("val_fraction", 0.15 / 0.85)}
-    if stored is None:
+        return {"dataset": ctx.get("dataset"), "protocol": ctx["protocol"], "seed": ctx["seed"],
+                "val_fraction": ctx.get("val_fraction", 0.15 / 0.85)}
+    if stored is None or stored.dataset is None:
         return None
     seeds = stored.seed_list()
     if len(seeds) != 1:
         log.warning("the model's spec trains %d seeds and does not say which one these weights are: "
                     "cannot check the evaluated split against the training split", len(seeds))
         return None
-    return {"protocol": stored.protocol, "seed": seeds[0], "val_fraction": stored.val_fraction}
+    return {"dataset": stored.dataset, "protocol": stored.protocol, "seed": seeds[0], "val_fraction": stored.val_fraction}
 
 
 def training_overlap(ds: Dataset, trained: dict[str, Any], evaluated: SplitData) -> int:
@@ -126,8 +130,7 @@ def training_overlap(ds: Dataset, trained: dict[str, Any], evaluated: SplitData)
     another seed or val_fraction of the same protocol overlaps too, and a dataset's official splits
     may share identical sequences, so only the data says which sequences the model has seen.
     """
-    train = make_splits(ds, protocol=trained["protocol"], seed=trained["seed"], val_fraction=trained["val_fraction"],
-                        normalize="none").train
+    train = make_splits(ds, normalize="none", **{k: trained[k] for k in SPLIT_SETTINGS}).train
     seen = set(_sequence_digests(train))
     return sum(d in seen for d in _sequence_digests(evaluated))
 
@@ -140,8 +143,10 @@ def check_overlap(ds: Dataset, where: str, split: str, evaluated: dict[str, Any]
     the training give the run's own held-out split, disjoint by construction, and are not checked.
     Returns the overlap record for the metrics, or None when nothing overlaps.
     """
-    if trained is None or split == "train" or all(evaluated[k] == trained[k] for k in trained):
+    if trained is None or split == "train" or all(evaluated[k] == trained[k] for k in SPLIT_SETTINGS):
         return None
+    if str(trained.get("dataset") or "").casefold() != ds.info.name.casefold():
+        return None  # trained on another dataset: its training split names none of these sequences
     data = make_splits(ds, normalize="none", **evaluated)
     part = getattr(data, split)
     n = training_overlap(ds, trained, part)
@@ -155,7 +160,7 @@ def check_overlap(ds: Dataset, where: str, split: str, evaluated: dict[str, Any]
                                 f"{trained['protocol']} --seed {trained['seed']}: the default), or pass --allow-overlap "
                                 "to score anyway (the result records the overlap)")
     log.warning("%s; scoring anyway (--allow-overlap): the number is NOT a held-out score", what)
-    return {"sequences": n, "of": len(part), "trained_on": trained}
+    return {"sequences": n, "of": len(part), "trained_on": {k: trained[k] for k in ("dataset", *SPLIT_SETTINGS)}}
 
 
 def run_context(model_dir: Path) -> dict[str, Any]:
