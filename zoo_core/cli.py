@@ -147,9 +147,16 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from .spec import load_spec
 
+    from .footprint import available_memory, estimate, fmt_bytes
+
     spec = load_spec(args.spec)
     m = spec.envelope.model
     print(f"{args.spec}: ok ({spec.core.name} from {spec.core.provider.dist}, depth {m.depth}, d_model {m.d_model})")
+    fp = estimate(spec, batch=args.batch_size, length=args.length)
+    print(f"size: {fp.describe()}")
+    if fp.train_bytes > (free := available_memory()):
+        print(f"note: training needs more than the {fmt_bytes(free)} available here; zoo build / zoo train will refuse it "
+              "(--memory-budget SIZE or --no-memory-check to override)")
     return 0
 
 
@@ -162,8 +169,15 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from .build import build_model, summary
+    from .footprint import check_build
+    from .io.pretrained import check_destination
+    from .spec import load_spec
 
-    model = build_model(args.spec, seed=args.seed)
+    if args.output:
+        check_destination(args.output)  # before building: a path under a file fails at once
+    spec = load_spec(args.spec)
+    check_build(spec, budget=args.memory_budget, check=args.memory_check, saving=bool(args.output))
+    model = build_model(spec, seed=args.seed)
     print(summary(model))
     if args.output:
         path = model.save_pretrained(args.output)
@@ -213,8 +227,10 @@ def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("plugins", help="installed plugins and their load status")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_plugins)
-    s = sub.add_parser("validate", help="validate a spec file")
+    s = sub.add_parser("validate", help="validate a spec file and print its size (parameters, activations)")
     s.add_argument("spec")
+    s.add_argument("--batch-size", type=int, help="batch of the activation estimate (default: training.batch_size, else 32)")
+    s.add_argument("--length", type=int, help="sequence length of the activation estimate (default: input.length, else 1024)")
     s.set_defaults(fn=cmd_validate)
     s = sub.add_parser("schema", help="JSON Schema of specs, including every core's params")
     s.set_defaults(fn=cmd_schema)
@@ -222,6 +238,7 @@ def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("spec")
     s.add_argument("-o", "--output", help="save the initialised model to this folder")
     s.add_argument("--seed", type=int, default=0)
+    add_memory_flags(s)
     s.set_defaults(fn=cmd_build)
     s = sub.add_parser("inspect", help="check a saved model folder strictly and print its summary")
     s.add_argument("directory")
@@ -243,6 +260,15 @@ def _names_other_command(argv: Sequence[str] | None, builtin: Any) -> bool:
     """True when the first positional word of ``argv`` is not a built-in command (a plugin's, or a typo)."""
     first = next((a for a in argv or () if not a.startswith("-")), None)
     return first is not None and first not in builtin
+
+
+def add_memory_flags(s: argparse.ArgumentParser) -> None:
+    """--memory-budget / --no-memory-check (zoo build, zoo train): the size check before allocating."""
+    s.add_argument("--memory-budget", metavar="SIZE",
+                   help="refuse models that need more than SIZE (e.g. 32GiB; default: $ZOO_MEMORY_BUDGET, else the "
+                        "memory available now)")
+    s.add_argument("--no-memory-check", dest="memory_check", action="store_false",
+                   help="build even when the estimate exceeds the budget")
 
 
 # zoo-core's own command groups, each a module with ``register_cli(subparsers)`` that imports

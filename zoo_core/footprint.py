@@ -27,7 +27,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Mapping
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,25 +142,27 @@ def expected_tensors(model: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
 # estimate ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Footprint:
-    """Sizes of a model and one training step's activations at ``batch × length``."""
+    """Sizes of a model and, when estimated, one training step's activations at ``batch × length``."""
 
     params: int
-    param_bytes: int
-    activation_bytes: int
-    batch: int
-    length: int
-    assumed: str  # where batch and length came from
-    method: str  # how the activations were estimated
+    param_bytes: int  # parameters and buffers: what a build allocates
+    activation_bytes: int | None = None
+    batch: int = 0
+    length: int = 0
+    assumed: str = ""  # where batch and length came from
+    method: str = ""  # how the activations were estimated
 
     @property
     def train_bytes(self) -> int:
         """Parameters, gradients and Adam's two moments (4× the parameters) plus activations."""
-        return 4 * self.param_bytes + self.activation_bytes
+        return 4 * self.param_bytes + (self.activation_bytes or 0)
 
     def describe(self) -> str:
-        return (f"{self.params:,} parameters ({fmt_bytes(self.param_bytes)}); activations "
-                f"≈ {fmt_bytes(self.activation_bytes)} at batch {self.batch} × length {self.length} "
-                f"({self.assumed}; {self.method}); training ≈ {fmt_bytes(self.train_bytes)} "
+        text = f"{self.params:,} parameters ({fmt_bytes(self.param_bytes)})"
+        if self.activation_bytes is None:
+            return text
+        return (f"{text}; activations ≈ {fmt_bytes(self.activation_bytes)} at batch {self.batch} × length "
+                f"{self.length} ({self.assumed}; {self.method}); training ≈ {fmt_bytes(self.train_bytes)} "
                 "(parameters, gradients, Adam moments, activations)")
 
 
@@ -185,25 +187,48 @@ def _probe_input(spec: Any, length: int) -> Any:
     return torch.zeros(1, length, inp.channels, device="meta")
 
 
-def _traced_bytes(model: Any, x: Any) -> int:
-    """Bytes of every tensor the ops of ``model(x)`` produce (meta device: nothing is computed)."""
+class _PeakBytes:
+    """Live and peak bytes of the tensors ops produce, on the meta device (see ``_traced_bytes``)."""
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peak = 0
+
+    def add(self, tensor: Any) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(tensor, self._free, nbytes)
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+
+def _traced_bytes(model: Any, x: Any, *, train: bool) -> int:
+    """Peak bytes held during ``model(x)``: every tensor an op produces counts from its creation
+    until it is freed (autograd's saved tensors stay alive until the end, as in training); views
+    and in-place results share their input's memory and are not counted."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
 
-    class _Count(TorchDispatchMode):
-        total = 0
+    peak = _PeakBytes()
 
+    class _Count(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
+            if getattr(func, "is_view", False):
+                return out
+            inputs = {id(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
             for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    _Count.total += t.numel() * t.element_size()
+                if isinstance(t, torch.Tensor) and id(t) not in inputs:
+                    peak.add(t)
             return out
 
     with _Count():
-        model.train()(x)
-    return _Count.total
+        y = model.train(train)(x)
+    del y
+    return peak.peak
 
 
 def _analytical_bytes(spec: Any, batch: int, length: int) -> int:
@@ -215,22 +240,32 @@ def _analytical_bytes(spec: Any, batch: int, length: int) -> int:
 def activation_bytes(spec: Any, model: Any, batch: int, length: int) -> tuple[int, str]:
     """(bytes, method) for one training forward at ``batch × length``; see the module docstring."""
     probe = min(length, PROBE_LENGTH)
-    try:
-        counted = _traced_bytes(model, _probe_input(spec, probe))
-    except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
-        log.info("core %r cannot run on the meta device (%s); using the analytical activation bound", spec.core.name, exc)
-        return (_analytical_bytes(spec, batch, length),
-                f"analytical bound {_ANALYTICAL_FACTOR}·B·L·max(H, N)·4 B per block: core {spec.core.name!r} cannot run on meta")
-    return math.ceil(counted * batch * length / probe), f"meta-device forward at length {probe}, scaled to B·L"
+    reasons = []
+    for train in (True, False):  # eval mode sidesteps data-dependent training branches (EMA batch norm)
+        try:
+            counted = _traced_bytes(model, _probe_input(spec, probe), train=train)
+        except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+            reasons.append(str(exc).split("\n")[0])
+            continue
+        mode = "training" if train else "eval"
+        return (math.ceil(counted * batch * length / probe),
+                f"peak of a meta-device forward ({mode} mode, autograd on) at length {probe}, scaled to B·L")
+    log.info("the model cannot run on the meta device (%s); using the analytical activation bound", reasons[-1])
+    return (_analytical_bytes(spec, batch, length),
+            f"analytical bound {_ANALYTICAL_FACTOR}·B·L·max(H, N)·4 B per block: the model cannot run on meta")
 
 
-def estimate(spec: Any, *, batch: int | None = None, length: int | None = None, registry: Any = None) -> Footprint:
-    """Parameter count and bytes and an activation estimate for ``spec`` (a validated ``Spec``),
-    without allocating; ``batch``/``length`` default to the spec's (see ``Footprint.assumed``)."""
+def estimate(spec: Any, *, batch: int | None = None, length: int | None = None, activations: bool = True,
+             registry: Any = None) -> Footprint:
+    """Parameter count and bytes and (``activations``) an activation estimate for ``spec`` (a
+    validated ``Spec``), without allocating; ``batch``/``length`` default to the spec's (see
+    ``Footprint.assumed``)."""
     model = meta_model(spec, registry=registry)
     tensors = expected_tensors(model)
-    params = sum(math.prod(shape) for shape, _ in tensors.values())
-    nbytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype in tensors.values())
+    params = sum(p.numel() for p in model.parameters())  # unique parameters (tied ones once), as count_params
+    nbytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype in tensors.values())  # + buffers
+    if not activations:
+        return Footprint(params, nbytes)
     batch, length, assumed = _batch_length(spec, batch, length)
     act, method = activation_bytes(spec, model, batch, length)
     return Footprint(params, nbytes, act, batch, length, assumed, method)
@@ -248,8 +283,26 @@ def check_budget(need: int, budget: int | None, *, what: str, footprint: Footpri
     )
 
 
-def spec_summary(spec: Any, registry: Any = None) -> Mapping[str, Any]:
-    """The estimate as a dict (``zoo validate --json`` style consumers)."""
-    fp = estimate(spec, registry=registry)
-    return {"params": fp.params, "param_bytes": fp.param_bytes, "activation_bytes": fp.activation_bytes,
-            "batch": fp.batch, "length": fp.length, "assumed": fp.assumed, "method": fp.method}
+def check_build(spec: Any, *, budget: str | None = None, check: bool = True, saving: bool = False) -> None:
+    """Before ``zoo build`` allocates: the parameters (3× when saving: the tensors, the writer's
+    contiguous copies and the serialised file) must fit the budget (exit 2 otherwise)."""
+    if not check:
+        return
+    limit = resolve_budget(budget)
+    if limit is None:
+        return
+    fp = estimate(spec, activations=False)
+    what = "building and saving the model" if saving else "building the model"
+    check_budget(fp.param_bytes * (3 if saving else 1), limit, what=what, footprint=fp, where=spec.filename)
+
+
+def check_training(spec: Any, *, batch: int, length: int | None, budget: str | None = None, check: bool = True) -> None:
+    """Before ``zoo train`` builds anything: parameters, gradients, Adam's moments and one batch's
+    activations (the dataset's length) must fit the budget (exit 2 otherwise)."""
+    if not check:
+        return
+    limit = resolve_budget(budget)
+    if limit is None:
+        return
+    fp = estimate(spec, batch=batch, length=length)
+    check_budget(fp.train_bytes, limit, what="training", footprint=fp, where=spec.filename)

@@ -98,8 +98,26 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike[str]) -> Path
 
     ``directory`` must be new, empty, or a folder this function wrote before.
     """
+    check_destination(directory)
     _check_replaceable(directory)
-    return atomic_write_dir(directory, model_files(model))
+    try:
+        return atomic_write_dir(directory, model_files(model))
+    except (NotADirectoryError, FileExistsError, PermissionError) as exc:  # raced after the check, or read-only
+        raise CheckpointError(f"cannot save to {directory}: {exc.strerror or exc}; choose a folder you can write") from None
+
+
+def check_destination(directory: str | os.PathLike[str]) -> None:
+    """A save target must be a folder or not exist, under folders: a path under a file
+    (``afile/sub``) is refused with the file named, before anything is built or written."""
+    path = Path(directory)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"cannot save to {path}: it is a file, not a folder; choose a new or empty folder")
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise CheckpointError(f"cannot save to {path}: {parent} is a file, not a folder, so nothing can be "
+                                      "created under it; choose a path under a folder")
+            return
 
 
 def model_files(model: nn.Module) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import types
+import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -121,6 +122,9 @@ def _message(err: Mapping[str, Any], loc: Loc, owner: Any) -> str:
         key = loc[-1]
         names = _names(owner) if owner is not None else set()
         hint = did_you_mean(str(key), names)
+        foreign = non_ascii(str(key))
+        if foreign:
+            return f"unknown {foreign}" + (f";{hint}" if hint else "")
         if hint:
             return f"unknown key {key!r};{hint}"
         return f"unknown key {key!r}" + (f" (allowed: {', '.join(sorted(names))})" if names else "")
@@ -135,6 +139,17 @@ def _message(err: Mapping[str, Any], loc: Loc, owner: Any) -> str:
     if isinstance(value, (str, int, float, bool, type(None))):
         msg += f" (got {_short(value)})"
     return msg
+
+
+def non_ascii(key: str) -> str:
+    """"key 'd_mоdel' contains non-ASCII character U+043E CYRILLIC SMALL LETTER O at position 3",
+    or '' for an ASCII key. Why: a look-alike letter or an invisible character makes a key that
+    reads right fail as unknown, and nothing on screen shows which character is wrong."""
+    for i, ch in enumerate(key):
+        if ord(ch) > 127:
+            name = unicodedata.name(ch, "(unnamed)")
+            return f"key {key!r} contains non-ASCII character U+{ord(ch):04X} {name} at position {i}"
+    return ""
 
 
 def _fmt(filename: str, row: Row) -> str:

@@ -50,7 +50,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     output = args.output or str(Path("runs") / f"{Path(args.spec).stem}-{args.dataset or 'run'}")
     progress = Progress(quiet=args.quiet, bar=False if args.plain else None)
     metrics = train(args.spec, output=output, overrides=overrides, resume=args.resume, device=args.device,
-                    progress=progress, command=[Path(sys.argv[0]).name, *sys.argv[1:]])
+                    progress=progress, command=[Path(sys.argv[0]).name, *sys.argv[1:]],
+                    memory_budget=args.memory_budget, memory_check=args.memory_check)
     if _rank() == 0:
         _print_summary(metrics, output)
     return 0
@@ -106,6 +107,9 @@ def register_cli(sub: Any) -> None:
     s.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     s.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     s.add_argument("-q", "--quiet", action="store_true")
+    from ..cli import add_memory_flags
+
+    add_memory_flags(s)
     s.set_defaults(fn=cmd_train)
     e = sub.add_parser("eval", help="score a saved model on a dataset split (optionally with adaptive depth)")
     e.add_argument("model_dir", metavar="MODEL", help="a saved model folder or a reference: arch.tag, hf-hub:org/name[@rev], local-dir:path")

@@ -30,6 +30,7 @@ from ..blocks import count_params
 from ..build import build_model
 from ..datasets import Dataset, get_dataset
 from ..errors import SpecError, ZooError
+from ..footprint import check_training
 from ..io.atomic import atomic_write_file
 from ..spec import Spec, load_spec
 from ..spec.errors import format_validation_error
@@ -107,8 +108,14 @@ def train(
     on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None,
     command: list[str] | None = None,
     registry: Any = None,
+    memory_budget: str | None = None,
+    memory_check: bool = True,
 ) -> dict[str, Any]:
-    """Run the protocol the spec's ``training:`` section (plus ``overrides``) describes; returns metrics."""
+    """Run the protocol the spec's ``training:`` section (plus ``overrides``) describes; returns metrics.
+
+    ``memory_budget`` (e.g. ``"32GiB"``; default ``$ZOO_MEMORY_BUDGET``, else the available memory)
+    bounds the estimated training memory, checked before anything is built; ``memory_check=False`` skips it.
+    """
     started = time.perf_counter()
     spec = load_spec(spec_path, registry=registry)
     cfg = training_settings(spec, overrides)
@@ -118,6 +125,7 @@ def train(
     dataset.check_available()
     dataset.check_spec(spec.envelope, where=spec.filename)
     check_model_fits(spec, cfg, dataset)
+    check_training(spec, batch=cfg.batch_size, length=dataset.info.length, budget=memory_budget, check=memory_check)
     task = dataset.info.task
     metric = selection_metric(cfg.metric, task)
     all_splits = {seed: make_splits(dataset, protocol=cfg.protocol, seed=seed, val_fraction=cfg.val_fraction,
