@@ -38,7 +38,8 @@ test: setup
 	$(PY) -m pytest -q
 
 smoke:
-	rm -rf $(SMOKE_VENV)
+	# setuptools' in-tree build/ folders keep files deleted from the source: start from none
+	rm -rf $(SMOKE_VENV) build/lib build/bdist.* $(addsuffix /build,$(PLUGINS))
 	python3 -m venv $(SMOKE_VENV)
 	$(SMOKE_VENV)/bin/python -m pip install -q --disable-pip-version-check "$(TORCH)"
 	$(SMOKE_VENV)/bin/python -m pip install -q --disable-pip-version-check . $(PLUGINS)
