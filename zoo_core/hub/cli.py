@@ -12,7 +12,10 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .api import PullResult
 
 
 def cmd_push(args: argparse.Namespace) -> int:
@@ -42,7 +45,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_text(res: Any) -> str:
+def _check_text(res: PullResult) -> str:
     """How the files were checked, in words; never "verified" for a file nothing vouched for."""
     if res.unverified:
         return f"unverified: {', '.join(res.unverified)} (nothing trusted vouches for their content; see the warning)"

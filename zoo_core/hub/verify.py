@@ -23,7 +23,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,7 +110,7 @@ class Sources:
     pins: Mapping[str, str]
     etags: Mapping[str, str | None]
     recorded: Mapping[str, tuple[str, str]]  # name -> (sha256, source) verified online earlier
-    ask_hub: Any  # () -> dict[str, Expected] | None; None when offline
+    ask_hub: Callable[[], dict[str, Expected] | None] | None  # the Hub's file hashes; None when offline
 
 
 def verify(folder: Path, names: list[str], src: Sources) -> Verdict:
