@@ -381,3 +381,12 @@ def test_loading_weights_of_a_contested_core_is_a_plugin_error_not_the_files():
     with pytest.raises(NameConflictError, match=r"zoo-a 1\.0.*zoo-b 1\.0") as err:
         load_pretrained(ROOT / "pretrained" / "s4d-small.japanesevowels", registry=reg)
     assert err.value.exit_code == 4
+
+
+def test_pulling_weights_of_a_contested_core_names_both_plugins_not_a_missing_one():
+    from zoo_core.hub.api import check_plugins
+
+    base = [s for s in _installed() if s.dist != "zoo-s4d"]
+    reg = load_registry([*base, _src("a", "zoo-a", "s4d"), _src("b", "zoo-b", "s4d")])
+    with pytest.raises(NameConflictError, match=r"zoo-a 1\.0.*zoo-b 1\.0"):
+        check_plugins(ROOT / "pretrained" / "s4d-small.japanesevowels", where="s4d-small.japanesevowels", registry=reg)

@@ -149,3 +149,16 @@ def test_push_refuses_a_folder_that_would_not_load_before_any_request(hub, make_
     done = cli("push", str(folder), "org/bad")
     assert done.returncode == 3 and "spec" in done.stderr and "Traceback" not in done.stderr
     assert hub.requests == [] and hub.repos == {}  # no repo created, no commit
+
+
+# a language model's vocabulary travels with it ----------------------------------------------------
+def test_a_pushed_vocabulary_is_pulled_back_and_loads(hub, tmp_path):
+    from zoo_core.tokenizer import CharTokenizer
+
+    folder = Path(__file__).resolve().parents[2] / "pretrained" / "mamba-char.shakespeare"
+    push_to_hub(folder, "org/char")
+    got = pull("hf-hub:org/char")
+    assert (got.path / "vocab.json").read_bytes() == (folder / "vocab.json").read_bytes()
+    assert CharTokenizer.from_pretrained(got.path).encode("ROMEO:") == CharTokenizer.from_pretrained(folder).encode("ROMEO:")
+    local = pull("hf-hub:org/char", local_dir=tmp_path / "m")
+    assert (local.path / "vocab.json").is_file() and "vocab.json" in local.files

@@ -59,7 +59,7 @@ from .verify import (
 log = logging.getLogger("zoo_core.hub")
 
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "README.md"
-PUSHED = (WEIGHTS, CONFIG, CARD)
+PUSHED = (WEIGHTS, CONFIG, CARD, "vocab.json")  # vocab.json: a language model's tokenizer (zoo_core.tokenizer), when it ships one
 IMAGES = (".png", ".svg", ".jpg")
 RECORD = "zoo-pull.json"
 _TRANSIENT = {"ConnectError", "ConnectionError", "TransportError", "TimeoutException", "Timeout", "ReadTimeout",
@@ -539,6 +539,7 @@ def check_plugins(folder: Path, *, where: str, registry: Any = None) -> None:
     reg = registry or get_registry()
     if kind in reg.cores:
         return
+    reg.refuse_conflict("cores", kind)  # installed twice, kept by neither: not "missing"
     versions = {k: v for k, v in (config.get("versions") or {}).items() if k not in ("zoo-core", "torch")}
     dist = KNOWN_PLUGINS.get(kind) or next(iter(versions), None)
     if dist is None:
