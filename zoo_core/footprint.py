@@ -20,8 +20,9 @@ Everything here runs on PyTorch's ``meta`` device (shapes, no storage), so askin
   (an S4 kernel does not grow with B); both are scaled linearly in L (every core here is linear
   in L). Eval mode is tried when training mode branches on data (EMA batch norm's first call).
   Against the real forward's max-RSS growth at B = 32, L = 1024 the estimate was 0.75-1.2× for
-  the S4D, S4, S5, LRU and S4D-LM example specs, and 4.3× (over) for LinOSS's step loop. A model that cannot run on meta (LrcSSM's
-  Newton solver reads convergence with ``.item()``) gets an analytical bound instead:
+  the S4D, S4, S5, LRU and S4D-LM example specs, and 4.3× (over) for LinOSS's step loop. A
+  model that cannot run on meta (LrcSSM's Newton solver reads convergence with ``.item()``)
+  gets an analytical bound instead:
   ``64 · B · L · max(H, N) · 4 bytes`` per applied block (LrcSSM's backbone spec measured 0.6× of
   it at B = 4, L = 1024), said so in the estimate.
 """
