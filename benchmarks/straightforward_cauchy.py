@@ -1,4 +1,4 @@
-"""A straightforward S4 Cauchy kernel: the comparison point for ``bench_s4.py``.
+"""A straightforward S4 Cauchy kernel: the peer of the ``s4/kernel`` benchmark family.
 
 The maths of ``zoo_core.kernels.dplr.kernel_cauchy`` (generating function at the roots of unity,
 four Cauchy sums over the conjugate-completed state, division-free rank-1 Woodbury, irfft), written
@@ -16,6 +16,7 @@ import math
 import torch
 from torch import Tensor
 
+from benchmarks.harness import rel
 from zoo_core.kernels.systems import DPLRSystem
 
 
@@ -51,10 +52,6 @@ def straightforward_cauchy(system: DPLRSystem, L: int) -> Tensor:
     return torch.fft.irfft(2 * dt * (k00 - k01 * scale * k10 / (1 + scale * k11)), n=L)  # (H, L)
 
 
-def _rel(a: Tensor, b: Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
-
-
 def check_agreement(tol: float = 1e-4) -> dict[str, float]:
     """straightforward_cauchy against kernel_cauchy: outputs and all parameter gradients.
 
@@ -75,13 +72,10 @@ def check_agreement(tol: float = 1e-4) -> dict[str, float]:
             outs.append(fn(layer._trained_system(), L))
             outs[-1].backward(g)
             grads.append({n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None})
-        errors[f"K L={L}"] = _rel(outs[1], outs[0])
+        errors[f"K L={L}"] = rel(outs[1], outs[0])
         for name, ref in grads[0].items():
-            errors[f"d{name} L={L}"] = _rel(grads[1][name], ref)
+            errors[f"d{name} L={L}"] = rel(grads[1][name], ref)
     bad = {k: v for k, v in errors.items() if not v <= tol}
     assert not bad, f"straightforward_cauchy disagrees with kernel_cauchy beyond {tol} relative: {bad}"
     return errors
 
-
-if __name__ == "__main__":
-    print(check_agreement())
