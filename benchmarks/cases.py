@@ -279,9 +279,9 @@ def _grads(impl: Impl, s: Sizes) -> list[Tensor]:
     b = impl.build(s, "fwdbwd")
     assert b.module is not None and b.x is not None, f"{impl.name}: a layer family's Built needs module and x"
     x = b.x.detach().clone().requires_grad_(True)
-    torch.manual_seed(3)
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(3))  # before forward: it may draw
     y = b.module(x)
-    y.backward(torch.randn_like(y))
+    y.backward(g)
     params = [p.grad if p.grad is not None else torch.zeros_like(p) for p in b.module.parameters()]
     return [y.detach(), x.grad, *params]  # type: ignore[list-item]
 

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from benchmarks.cases import Built, Family, Impl, Sizes, layer_built, op_backends, registry, zoo_layer
-from benchmarks.harness import HERE, Call, Row, rel
+from benchmarks.harness import HERE, ROOT, Call, Row, rel
 
 
 def _no_grad(f: Callable[[], object]) -> Call:
@@ -469,7 +469,7 @@ def trained_models(patterns: tuple[str, ...] = ("AAAAAA", "ABABAB")) -> list[Row
         return []
     rows = [json.loads(ln) for ln in GRID.read_text(encoding="utf-8").splitlines() if ln.strip()]
     return [r for r in rows if r["dataset"] == "JapaneseVowels" and r["core"] == "lru" and r["pattern"] in patterns
-            and r["loss"] == "blockwise" and not r["c"] and Path(r["model_dir"]).is_dir()]
+            and r["loss"] == "blockwise" and not r["c"] and (ROOT / r["model_dir"]).is_dir()]
 
 
 ADAPTIVE = {"fixed-6": None,
@@ -493,7 +493,7 @@ def _adaptive_data(model_dir: str, seed: int) -> tuple[Any, Tensor, Tensor, Tens
     from zoo_core.train.loop import to_tensors
     from zoo_core.train.protocol import make_splits
 
-    model = load_pretrained(model_dir).eval()
+    model = load_pretrained(ROOT / model_dir).eval()
     test = to_tensors(make_splits(get_dataset("JapaneseVowels"), protocol="seed-split", seed=seed,
                                   val_fraction=0.15 / 0.85).test, torch.device("cpu"))
     x, y, n = test["X"], test["y"], test["lengths"]

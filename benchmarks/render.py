@@ -13,7 +13,7 @@ old results re-render with the same numbers.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,20 +186,26 @@ def timed(r: Row | None) -> float | None:
     return r.get("median_s") if r and r.get("status", "ok") == "ok" else None
 
 
-def measured_at(path: Path, runs: Iterable[Row]) -> str:
-    """Which code measured the rows: the commit each harness run recorded, else (the pre-harness
-    scripts recorded none) the commit that added the results file's last rows."""
+def measured_at(path: Path, runs: list[Row]) -> str:
+    """Which code measured the rows: the commit each harness run recorded, and (the pre-harness
+    scripts recorded none) the commit that added the results file's rows for the older runs."""
     recorded = sorted({r["commit"] for r in runs if r.get("commit")})
-    if recorded:
-        return "Measured at commit " + ", ".join(f"`{c}`" for c in recorded) + "."
+    said = ("Measured at commit " + ", ".join(f"`{c}`" for c in recorded) + ".") if recorded else ""
+    if runs and all(r.get("commit") for r in runs):
+        return said
+    return (said + " " if said else "") + _pre_harness(path)
+
+
+def _pre_harness(path: Path) -> str:
     try:
         got = subprocess.run(["git", "log", "-1", "--format=%h %cs", "--", str(path)], cwd=ROOT,
                              capture_output=True, text=True, check=True).stdout.split()
     except (OSError, subprocess.CalledProcessError):
         got = []
     if len(got) == 2:
-        return (f"Measured by the pre-harness benchmark scripts (they recorded no commit) at the code of commit "
-                f"`{got[0]}` ({got[1]}), which committed these rows; re-rendered unchanged by the harness.")
+        return (f"Measured by the pre-harness benchmark scripts, which recorded no commit; the rows were committed "
+                f"in `{got[0]}` ({got[1]}), so they measured the code at or just before it. Re-rendered unchanged "
+                "by the harness.")
     return "Measured by the pre-harness benchmark scripts, which recorded no commit."
 
 
@@ -211,6 +217,7 @@ def header(spec: ReportSpec, path: Path, latest: dict[tuple[Any, ...], Row], run
     used = [r for rid, r in runs.items() if rid in {x.get("run") for x in latest.values()}] or list(runs.values())
     run = used[-1] if used else {}
     m = run.get("machine", {})
+    threads = sorted({str(r["threads"]) for r in latest.values() if r.get("threads") is not None})
     minutes = [f"{r.get('total_s', 0) / 60:.1f}" for r in used if r.get("total_s")]
     recorded = [r.get("cmd") or "python benchmarks/bench_depth.py " + " ".join(r.get("argv", []))
                 for r in used if r.get("cmd") or "argv" in r]
@@ -223,7 +230,7 @@ def header(spec: ReportSpec, path: Path, latest: dict[tuple[Any, ...], Row], run
            f"- CPU: {m.get('cpu', '?')}, {m.get('logical_cpus', '?')} logical CPUs ({', '.join(m.get('simd', []))}), "
            f"{m.get('mem_gib', '?')} GiB RAM",
            f"- torch {m.get('torch', '?')}, Python {m.get('python', '?')}; intra-op threads "
-           f"{run.get('threads', '?')}",
+           f"{', '.join(threads) or '?'}",
            f"- {measured_at(path, used)}"]
     if minutes:
         out.append(f"- runtime: {' + '.join(minutes)} min")
@@ -252,11 +259,13 @@ def method() -> list[str]:
             "allocator is trimmed and VmHWM reset; the row is VmHWM after one call minus the RSS then.", ""]
 
 
-def findings(spec: ReportSpec) -> list[str]:
-    if not spec.findings.is_file():
+def findings(spec: ReportSpec, where: Path | None = None) -> list[str]:
+    """The report's findings file, verbatim (none yet: nothing)."""
+    path = (where / spec.name) if where else spec.findings
+    if not path.is_file():
         return []
     return [f"<!-- findings: benchmarks/findings/{spec.name}, included verbatim; written by a person from the "
-            "tables below when they were measured -->", "", spec.findings.read_text(encoding="utf-8").rstrip(), ""]
+            "tables below when they were measured -->", "", path.read_text(encoding="utf-8").rstrip(), ""]
 
 
 def _order(spec: ReportSpec, name: str) -> tuple[int, str]:
@@ -376,12 +385,13 @@ def _table_key(r: Row) -> tuple[Any, ...]:
             r.get("B") or 0, r["workload"])
 
 
-def render(spec: ReportSpec, path: Path | None = None) -> str:
-    """The whole report as Markdown, from a results file (default benchmarks/results/<spec.results>)."""
+def render(spec: ReportSpec, path: Path | None = None, findings_dir: Path | None = None) -> str:
+    """The whole report as Markdown, from a results file (default benchmarks/results/<spec.results>)
+    and its findings (default benchmarks/findings/<spec.name>)."""
     path = path or HERE / "results" / spec.results
     latest, runs, check = load_rows(path)
     rows = list(latest.values())
-    lines = [*header(spec, path, latest, runs, check), *method(), *findings(spec)]
+    lines = [*header(spec, path, latest, runs, check), *method(), *findings(spec, findings_dir)]
     shown: set[str] = set()
     for kinds, title in spec.sections:
         mine = [r for r in rows if kind_of(r) in kinds]

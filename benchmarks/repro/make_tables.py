@@ -1,6 +1,6 @@
 """Render benchmarks/REPRO.md from benchmarks/repro/results/{grid,adaptive}.jsonl.
 
-    python benchmarks/repro/make_tables.py
+    python -m benchmarks.repro.make_tables
 
 Tables in the shape of the seed's Tables 2, 3, 5 and 8 (seed 001, "Reshape and Recur"), plus the
 verdicts on the seed's claims, computed from the same rows (the thresholds are stated beside each).
@@ -20,7 +20,7 @@ OUT = HERE.parent / "REPRO.md"
 COLS = [("ABCDEF", "final"), ("AAAAAA", "final"), ("AAAAAA", "blockwise"), ("ABABAB", "final"),
         ("ABABAB", "blockwise"), ("ABCABC", "final"), ("ABCABC", "blockwise")]
 SHORT = {"final": "F", "blockwise": "B"}
-CMD = "python benchmarks/repro/run_grid.py"
+CMD = "python -m benchmarks.repro.run_grid"
 COMMANDS = {  # what reproduces each table (this session ran them with --deadline-min; see REPRO.md)
     "jv-lru": [f"{CMD} train --suite jv-lru"],
     "ethanol": [f"{CMD} train --suite ethanol-lru-raw ethanol-lru"],
@@ -217,9 +217,7 @@ def main() -> None:
     rows = [r for r in every if not r.get("variant")]
     ad = load(HERE / "results" / "adaptive.jsonl")
     g = Grid(rows)
-    from prose import (
-        render,  # the hand-written text around the tables, kept beside this script
-    )
+    from benchmarks.repro.prose import render  # the hand-written text around the tables
 
     OUT.write_text(render(g, ad, rows, {
         "table2": table2, "table5": table5, "table3": table3, "adaptive": adaptive_tables, "eps_sweep": eps_sweep,
@@ -230,7 +228,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
-    sys.path.insert(0, str(HERE))
     main()

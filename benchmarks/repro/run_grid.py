@@ -14,10 +14,10 @@ command again extends or finishes the grid. Each run's folder holds the exact sp
 Each worker process uses one intra-op thread (``torch.set_num_threads(1)``); ``--jobs`` (default
 2) runs that many at once. ``--deadline-min`` stops launching new runs after that many minutes.
 
-    python benchmarks/repro/run_grid.py probe --suite jv-lru          # one epoch per config: time it
-    python benchmarks/repro/run_grid.py train --suite jv-lru --epochs 30
-    python benchmarks/repro/run_grid.py adaptive --suite jv-lru
-    python benchmarks/repro/make_tables.py
+    python -m benchmarks.repro.run_grid probe --suite jv-lru          # one epoch per config: time it
+    python -m benchmarks.repro.run_grid train --suite jv-lru --epochs 30
+    python -m benchmarks.repro.run_grid adaptive --suite jv-lru
+    python -m benchmarks.repro.make_tables
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import copy
 import datetime as dt
 import json
 import os
-import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -318,7 +317,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--adaptive-results", type=Path, default=RESULTS / "adaptive.jsonl")
     ap.add_argument("--runs", type=Path, default=RUNS, help="where run folders (checkpoints, best models) go")
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     if args.action == "list":
         for j in plan(args.suite, args.epochs, args.seeds, args.runs):
             print(j["key"])
