@@ -45,8 +45,11 @@ smoke:
 	$(SMOKE_VENV)/bin/python -m pip install -q --disable-pip-version-check . $(PLUGINS)
 	cd $(SMOKE_VENV) && ./bin/python $(CURDIR)/tools/smoke.py --expect-installed
 
+# A smoke of every benchmark family at tiny sizes into a scratch file (the reports' full sweeps take
+# hours on a quiet machine: see the commands at the top of each benchmarks/REPORT*.md).
 bench: setup
-	$(PY) benchmarks/bench_s4d.py
+	$(PY) -m benchmarks run '*' --L 64 128 --H 16 --repeats 2 --quiet-wait 0 --impls '*' --no-memory \
+		--out build/bench-smoke.jsonl
 
 clean:
 	rm -rf $(VENV) build *.egg-info plugins/*/src/*.egg-info

@@ -219,8 +219,7 @@ def header(spec: ReportSpec, path: Path, latest: dict[tuple[Any, ...], Row], run
     m = run.get("machine", {})
     threads = sorted({str(r["threads"]) for r in latest.values() if r.get("threads") is not None})
     minutes = [f"{r.get('total_s', 0) / 60:.1f}" for r in used if r.get("total_s")]
-    recorded = [r.get("cmd") or "python benchmarks/bench_depth.py " + " ".join(r.get("argv", []))
-                for r in used if r.get("cmd") or "argv" in r]
+    recorded = [c for r in used for c in recorded_commands(spec, r)]
     errs = check.get("errors", {})
     rel_path = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     out = [f"# {spec.title}", "",
@@ -241,9 +240,24 @@ def header(spec: ReportSpec, path: Path, latest: dict[tuple[Any, ...], Row], run
             "row per table and implementation is kept; a rerun's figures move within noise):", "", "```bash",
             *spec.commands, f"python -m benchmarks report {spec.name}", "```", ""]
     if recorded:
-        out += ["The rows shown were written by these commands (as recorded):", "", "```bash",
+        old = any("benchmarks/bench_" in c for c in recorded)
+        out += ["The rows shown were written by these commands (as recorded"
+                + ("; the `bench_*.py` scripts were replaced by the harness, whose commands are above" if old else "")
+                + "):", "", "```bash",
                 *[c.strip() for c in recorded], "```", ""]
     return out
+
+
+def recorded_commands(spec: ReportSpec, run: Row) -> list[str]:
+    """The command lines a run record kept: the harness's and most old scripts' ``cmd``, the depth
+    script's ``commands``, the Mamba script's bare ``argv``."""
+    if run.get("cmd"):
+        return [str(run["cmd"]).strip()]
+    if run.get("commands"):
+        return [str(c).strip() for c in run["commands"]]
+    if "argv" in run:
+        return [f"python benchmarks/bench_{Path(spec.results).stem}.py {' '.join(run['argv'])}".strip()]
+    return []
 
 
 def method() -> list[str]:
