@@ -47,3 +47,13 @@ def toy_registry():
     set_registry(reg)
     yield reg
     set_registry(None)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_log_once():
+    """Every test starts with nothing said: a warning logged once per process by an earlier test
+    (zoo_core.logs.log_once) must not hide it from the next one that looks for it."""
+    from zoo_core.logs import reset_log_once
+
+    reset_log_once()
+    yield

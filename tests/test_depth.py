@@ -177,7 +177,6 @@ def test_batch_norm_shared_across_depth_warns(caplog):
     from zoo_core import build
     from zoo_core.build import build_model
 
-    build._WARNED.clear()  # warned once per process: start from none
 
     def spec(norm, norms="shared"):
         return {"schema_version": 1, "task": {"kind": "classification", "classes": 2}, "input": {"channels": 3},

@@ -13,6 +13,7 @@ from torch import nn
 
 from .adaptive import AdaptiveConfig
 from .blocks import count_params, make_block, make_mlp_or_linear, make_norm
+from .logs import log_once
 from .model import SequenceModel
 from .reshape import InputReshaper
 from .plugins import using_registry
@@ -40,13 +41,8 @@ def build_model(
         return _assemble(spec, device=device, dtype=dtype, seed=seed)
 
 
-_WARNED: set[str] = set()
-
-
 def _warn_once(message: str) -> None:
-    if message not in _WARNED:
-        _WARNED.add(message)
-        log.warning(message)
+    log_once(log, logging.WARNING, message, "%s", message)
 
 
 def _is_meta(device: Any) -> bool:

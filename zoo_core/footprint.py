@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import SpecError
+from .logs import log_once
 
 log = logging.getLogger(__name__)
 
@@ -132,14 +133,9 @@ def meta_model(spec: Any, *, registry: Any = None) -> Any:
         return build_model(spec, registry=registry, device="meta")
 
 
-_SAID: set[str] = set()
-
-
 def _once(message: str) -> None:
     """Log a degraded sizing path once per process (the estimate itself says which method it used)."""
-    if message not in _SAID:
-        _SAID.add(message)
-        log.info(message)
+    log_once(log, logging.INFO, message, "%s", message)
 
 
 def expected_tensors(model: Any) -> dict[str, tuple[tuple[int, ...], Any]]:

@@ -12,7 +12,6 @@ import pytest
 from zoo_core.datasets import get_dataset, load_uea_bundled
 from zoo_core.hub import create_model
 from zoo_core.hub.catalogue import load_catalogue
-from zoo_core.train import evaluate as evaluate_module
 from zoo_core.train.evaluate import evaluate_split
 from zoo_core.train.protocol import make_splits
 
@@ -41,11 +40,10 @@ def test_the_public_path_gives_the_cards_accuracy_on_the_cards_split():
     assert evaluate_split(model, (test.X, test.y, test.lengths))["accuracy"] == pytest.approx(card["accuracy"], abs=1e-6)
 
 
-def test_bundled_arrays_are_scored_with_their_lengths_and_missing_lengths_are_announced(caplog, monkeypatch):
+def test_bundled_arrays_are_scored_with_their_lengths_and_missing_lengths_are_announced(caplog):
     model = create_model(TAG, pretrained=True)
     data = load_uea_bundled("japanesevowels", split="test")
     assert evaluate_split(model, data)["accuracy"] == pytest.approx(363 / 370)  # what the padding-free forward gives
-    monkeypatch.setattr(evaluate_module, "_PADDING_WARNED", False)
     with caplog.at_level(logging.WARNING):
         without = evaluate_split(model, (data.X, data.y))["accuracy"]
     assert without < 0.7 and any("looks like end padding" in r.getMessage() for r in caplog.records)

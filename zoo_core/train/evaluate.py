@@ -21,6 +21,7 @@ from ..datasets import Dataset, SplitData, get_dataset
 from ..errors import SpecError, ZooError
 from ..io.atomic import atomic_write_file
 from ..io.pretrained import load_pretrained
+from ..logs import log_once
 from ..spec import load_spec
 from .ddp import pick_device
 from .loop import _batch, evaluate, per_sample_loss, to_tensors
@@ -38,7 +39,6 @@ class SplitOverlapError(ZooError, ValueError):
 
 
 # scoring arrays (the public path for data a user already holds) -----------------------------------
-_PADDING_WARNED = False
 
 
 def _as_split(data: Any) -> SplitData:
@@ -53,16 +53,15 @@ def _as_split(data: Any) -> SplitData:
 
 def _warn_if_padded(split: SplitData) -> None:
     """Scoring zero-padded sequences as if the padding were input is quietly wrong: say so, once."""
-    global _PADDING_WARNED
     X = split.X
-    if _PADDING_WARNED or split.lengths is not None or X.ndim != 3 or X.shape[1] < 2:
+    if split.lengths is not None or X.ndim != 3 or X.shape[1] < 2:
         return
     padded = int((np.abs(X[:, -1, :]).max(axis=-1) == 0).sum())  # sequences whose last step is all zeros
     if padded:
-        _PADDING_WARNED = True
-        log.warning("%d of %d sequences end in all-zero steps, which looks like end padding, but no lengths were given: "
-                    "the padding is scored as input (JapaneseVowels drops from 0.981 to 0.638). Pass the lengths "
-                    "(load_uea_bundled and every dataset loader return them)", padded, len(split))
+        log_once(log, logging.WARNING, "padded without lengths",
+                 "%d of %d sequences end in all-zero steps, which looks like end padding, but no lengths were given: "
+                 "the padding is scored as input (JapaneseVowels drops from 0.981 to 0.638). Pass the lengths "
+                 "(load_uea_bundled and every dataset loader return them)", padded, len(split))
 
 
 def evaluate_split(model: Any, data: Any, *, task: str | None = None, batch_size: int = 256) -> dict[str, float]:
