@@ -218,3 +218,24 @@ def test_other_version_of_the_same_distribution_loads(saved, tmp_path, caplog):
 def test_unmodified_folder_passes_check_folder(saved):
     check_folder(saved)
     assert (saved / CONFIG).is_file()
+
+
+# create_model with overrides builds from the stored spec too: the same checks first ------------------
+def test_create_model_with_overrides_refuses_a_huge_stored_spec(saved, tmp_path):
+    from zoo_core.hub import create_model
+
+    folder = forge(saved, tmp_path / "huge", spec=_spec_with(d_model=4096, depth=64))
+    started = time.perf_counter()
+    with pytest.raises(CheckpointError, match="the spec stored in the file describes"):
+        create_model(f"local-dir:{folder}", strict=False, task={"classes": 3})
+    assert time.perf_counter() - started < 20
+
+
+def test_create_model_overrides_that_ask_for_the_impossible_are_refused_before_allocating(saved, monkeypatch):
+    from zoo_core.footprint import MemoryBudgetError
+    from zoo_core.hub import create_model
+
+    monkeypatch.setenv("ZOO_MEMORY_BUDGET", "1GiB")
+    with pytest.raises(MemoryBudgetError):
+        create_model(f"local-dir:{saved}", strict=False, model={"d_model": 16384, "depth": 64})
+    assert create_model(f"local-dir:{saved}", strict=False, task={"classes": 3}) is not None

@@ -593,23 +593,30 @@ def create_model(ref: str, pretrained: bool = True, *, revision: str | None = No
     (default: ``ZOO_HUB_REQUIRE_VERIFIED``).
     """
     from ..build import build_model
-    from ..io.pretrained import load_pretrained, load_weights, read_folder
+    from ..footprint import check_build
+    from ..io.pretrained import check_folder, load_pretrained, load_weights, read_folder
+    from ..spec import load_spec
 
     r = parse_ref(ref, revision=revision)
     if not pretrained and r.kind in ("arch", "tag"):
         entry = (catalogue or load_catalogue()).get(r.name or "")
-        return build_model(_merge(entry.spec, overrides), registry=registry, device=device)
+        spec = load_spec(_merge(entry.spec, overrides), registry=registry)
+        check_build(spec)
+        return build_model(spec, registry=registry, device=device)
     got = pull(ref, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only, token=token,
                force_download=force_download, source=source, catalogue=catalogue, require_verified=require_verified)
     where = f"{got.repo_id}@{got.commit}" if got.repo_id else str(got.path)
     check_plugins(got.path, where=where, registry=registry)
     if pretrained and strict and not overrides:
         return load_pretrained(got.path, device=device, registry=registry)
+    check_folder(got.path, registry=registry)  # the stored spec fits its tensors: nothing huge is built from a lie
     tensors, info = read_folder(got.path)
     try:
-        model = build_model(_merge(info["spec"], overrides), registry=registry, device=device)
+        spec = load_spec(_merge(info["spec"], overrides), registry=registry)
     except ZooError as exc:
         raise CheckpointError(f"{where}: the stored spec cannot be built here: {exc}") from None
+    check_build(spec)  # with the overrides applied it must still fit this machine (exit 2 with the estimate)
+    model = build_model(spec, registry=registry, device=device)
     if pretrained:
         source_name = str(got.path / WEIGHTS)
         (load_weights if strict else _load_matching)(model, tensors, info, source=source_name)
