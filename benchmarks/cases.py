@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
 Sizes = dict[str, int]  # L, B, H, N and any family-specific size
+PIP_NAMES = {"s5": "s5-pytorch"}  # an optional peer's module → the distribution that provides it
 
 
 @dataclass
@@ -60,7 +61,7 @@ class Impl:
 
         for mod in self.requires:
             if importlib.util.find_spec(mod) is None:
-                return f"package {mod!r} is not installed (optional peer: pip install {mod})"
+                return f"package {mod!r} is not installed (optional: pip install {PIP_NAMES.get(mod, mod)})"
         return None
 
 
@@ -168,15 +169,17 @@ def reference_name(core: str) -> str:
 
 
 def op_backends(core: str, op: str) -> list[tuple[str, Any]]:
-    """(name, entry) of every registered backend of one op that serves the core's problem or
-    says why not (a missing optional package: kept, so its rows record the reason)."""
+    """(name, entry) of every registered backend of one op that serves the core's problem, and of
+    those refused only because their optional package is missing (kept, so that their rows say
+    why they were not timed instead of vanishing from the table)."""
     _, problem, _ = plan_of(core_class(core))
     out = []
     for (o, name), entry in sorted(registry().backends.items()):
         if o != op:
             continue
         reason = entry.supports_fn(problem) if entry.supports_fn is not None else None
-        if reason is None:  # it can serve this structure; availability is checked when run
+        missing = entry.requires and entry.unavailable_reason() is not None
+        if reason is None or (missing and any(pkg in reason for pkg in entry.requires)):
             out.append((name, entry))
     return out
 

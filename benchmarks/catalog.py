@@ -21,7 +21,6 @@ from benchmarks.cases import (
     layer_choices,
     reference_name,
     registry,
-    with_impls,
     zoo_layer,
 )
 
@@ -162,5 +161,3 @@ def family_check(family: Family) -> Callable[[Family], dict[str, Any]] | None:
         return family.check
     return check_layers if family.kind == "layer" else None
 
-
-__all__ = ["families", "select", "family_check", "with_impls"]

@@ -33,11 +33,12 @@ ROOT = HERE.parent
 # ---------------------------------------------------------------------------------------
 # formatting (the renderer and the console use the same)
 # ---------------------------------------------------------------------------------------
-def fmt_t(s: float | None) -> str:
-    """Seconds as the reports print them: ms below a second, s above; '–' when not measured."""
+def fmt_t(s: float | None, digits: int = 2) -> str:
+    """Seconds as the reports print them: ms (one decimal) below a second, s with `digits`
+    decimals above; '–' when not measured."""
     if s is None:
         return "–"
-    return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
+    return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.{digits}f} s"
 
 
 # ---------------------------------------------------------------------------------------

@@ -132,6 +132,7 @@ def _s4_layer(s: Sizes, backend: Any = "cauchy") -> Any:
 
 
 def _keops_skip(s: Sizes, mode: str) -> str | None:
+    """pykeops may import and still fail to compile: its run-time check says so."""
     from zoo_core.kernels.keops import runtime_reason
 
     return runtime_reason()

@@ -44,6 +44,7 @@ class ReportSpec:
     floors: Callable[[Row], dict[str, float]] | None = None
     order: tuple[str, ...] = ()
     spread: bool = False
+    seconds_digits: int = 2  # decimals of times ≥ 1 s (the Mamba rows were published with 3)
 
     @property
     def findings(self) -> Path:
@@ -143,7 +144,7 @@ REPORTS: dict[str, ReportSpec] = {s.name: s for s in (
                          (("generate",), "Generation"), (("memory",), "Peak memory")),
                columns={"mixer": (("peak MiB (in-process)", _peak),),
                         "generate": (("same tokens", lambda r: str(r["same_tokens"]) if "same_tokens" in r else None),)},
-               order=("zoo-scan", "zoo-naive", "transformers", "mambapy")),
+               order=("zoo-scan", "zoo-naive", "transformers", "mambapy"), seconds_digits=3),
     ReportSpec("REPORT_LRCSSM.md", "LrcSSM: quasi-DEER / Newton against the sequential loop", "lrcssm.jsonl",
                (f"{RUN} lrcssm/layer --out benchmarks/results/lrcssm.jsonl",
                 f"{RUN} lrcssm/tune --out benchmarks/results/lrcssm.jsonl"),
@@ -304,8 +305,9 @@ def timing_table(spec: ReportSpec, kind: str, rows: list[Row]) -> list[str]:
         if not timed(r):
             out.append(f"| {r['impl']} | {r.get('status', '?')} |" + " |" * (len(head) - 2))
             continue
-        cells = [r["impl"] + (" †" if r.get("note") else ""), fmt_t(r["median_s"]),
-                 f"{fmt_t(r.get('q25_s'))} – {fmt_t(r.get('q75_s'))}", str(r.get("n", "–"))]
+        d = spec.seconds_digits
+        cells = [r["impl"] + (" †" if r.get("note") else ""), fmt_t(r["median_s"], d),
+                 f"{fmt_t(r.get('q25_s'), d)} – {fmt_t(r.get('q75_s'), d)}", str(r.get("n", "–"))]
         if tok:
             t = r.get("tokens_per_s") or (r["B"] * r["L"] / r["median_s"] if r.get("B") and r.get("L") else None)
             cells.append(f"{t:,.0f}" if t else "–")

@@ -58,8 +58,7 @@ class Options:
 class History:
     """Medians and peaks measured so far in this run, for predicting the next length."""
 
-    times: dict[tuple[str, str, str, int], float] = field(default_factory=dict)  # (family, impl, mode, B) → [(L, s)]
-    points: dict[tuple[str, str, str, int], list[tuple[int, float]]] = field(default_factory=dict)
+    points: dict[tuple[str, str, str, int], list[tuple[int, float]]] = field(default_factory=dict)  # (L, median s)
     peaks: dict[tuple[str, str, str, int], list[tuple[int, float]]] = field(default_factory=dict)
 
     def predict(self, key: tuple[str, str, str, int], L: int) -> float | None:
