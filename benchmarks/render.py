@@ -107,7 +107,9 @@ REPORTS: dict[str, ReportSpec] = {s.name: s for s in (
                          (("memory",), "Peak memory of the kernel step")),
                floors=_s4d_floors,
                order=("straightforward", "zoo_vandermonde_fft", "zoo_naive_kernel_fft", "zoo_scan_parallel",
-                      "zoo_scan_naive", "straightforward_kernel", "kernel_vandermonde", "kernel_naive")),
+                      "zoo_scan_naive", "straightforward_kernel", "kernel_vandermonde", "kernel_naive",
+                      "kernel=vandermonde conv=fft", "auto", "kernel=naive conv=fft", "scan=scan", "scan=naive",
+                      "kernel=vandermonde", "kernel=naive")),
     ReportSpec("REPORT_S4.md", "S4 kernel benchmark: kernel_cauchy vs the naive kernel, a straightforward Cauchy "
                "and pykeops", "s4.jsonl",
                ("pip install pykeops  # optional; not a project dependency",
@@ -120,7 +122,8 @@ REPORTS: dict[str, ReportSpec] = {s.name: s for s in (
                          (("layer",), "The whole S4 layer"), (("memory",), "Peak memory")),
                columns={"layer": (("resolved to", lambda r: r.get("label")), ("peak MiB above start", _peak))},
                floors=_s4_floors,
-               order=("kernel_cauchy", "kernel_cauchy_keops", "straightforward_cauchy", "kernel_dplr_naive")),
+               order=("kernel_cauchy", "kernel_cauchy_keops", "straightforward_cauchy", "kernel_dplr_naive",
+                      "kernel=cauchy", "kernel=keops", "kernel=naive")),
     ReportSpec("REPORT_SCAN.md", "Scans (S5, LRU, LinOSS): naive loop vs parallel scan vs chunked, and S5 vs "
                "s5-pytorch", "scan.jsonl",
                (f"{RUN} s5/layer lru/layer linoss/layer --round-wait 30 --out benchmarks/results/scan.jsonl",
@@ -131,7 +134,8 @@ REPORTS: dict[str, ReportSpec] = {s.name: s for s in (
                sections=((("scanop",), "The scan op alone (L=4096)"), (("profile",), "torch.profiler"),
                          (("layer",), "Whole layer, every table"), (("memory",), "Peak memory")),
                columns={"scanop": _floor_cols()}, floors=_scan_floors,
-               order=("naive", "scan", "chunked", "scan-N128", "s5-pytorch"), spread=True),
+               order=("naive", "scan", "chunked", "scan=naive", "scan=scan", "scan=chunked", "auto", "scan-N128",
+                      "s5-pytorch"), spread=True),
     ReportSpec("REPORT_MAMBA.md", "Mamba on CPU: mixer and generation", "mamba.jsonl",
                (f"{RUN} mamba/layer --repeats 3 --quiet-wait 3 --out benchmarks/results/mamba.jsonl",
                 f"{RUN} mamba/layer --H 768 --L 256 1024 --repeats 3 --out benchmarks/results/mamba.jsonl",
@@ -144,7 +148,8 @@ REPORTS: dict[str, ReportSpec] = {s.name: s for s in (
                          (("generate",), "Generation"), (("memory",), "Peak memory")),
                columns={"mixer": (("peak MiB (in-process)", _peak),),
                         "generate": (("same tokens", lambda r: str(r["same_tokens"]) if "same_tokens" in r else None),)},
-               order=("zoo-scan", "zoo-naive", "transformers", "mambapy"), seconds_digits=3),
+               order=("zoo-scan", "zoo-naive", "transformers", "mambapy", "scan=selective-chunked",
+                      "scan=selective-naive"), seconds_digits=3),
     ReportSpec("REPORT_LRCSSM.md", "LrcSSM: quasi-DEER / Newton against the sequential loop", "lrcssm.jsonl",
                (f"{RUN} lrcssm/layer --out benchmarks/results/lrcssm.jsonl",
                 f"{RUN} lrcssm/tune --out benchmarks/results/lrcssm.jsonl"),
@@ -295,7 +300,8 @@ def ratio(x: float) -> str:
 def timing_table(spec: ReportSpec, kind: str, rows: list[Row]) -> list[str]:
     """One interleaved table: median, IQR, n, tokens/s, ratio vs the peer, extra columns, foreign."""
     ok = {r["impl"]: r for r in rows if timed(r)}
-    peer = next((ok[p] for p in spec.peers.get(kind, ()) if p in ok), None)
+    named = [r["peer"] for r in rows if r.get("peer")]  # the harness records its family's peer
+    peer = next((ok[p] for p in [*named, *spec.peers.get(kind, ())] if p in ok), None)
     extra = [c for c in spec.columns.get(kind, ()) if any(c[1](r) for r in rows if timed(r))]
     tok = any(r.get("B") and r.get("L") or r.get("tokens_per_s") for r in ok.values())
     head = ["implementation", "median", "IQR", "n"] + (["tokens/s"] if tok else []) \
@@ -326,7 +332,18 @@ def timing_table(spec: ReportSpec, kind: str, rows: list[Row]) -> list[str]:
 
 
 def memory_tables(spec: ReportSpec, rows: list[Row]) -> list[str]:
-    """Peak MiB pivoted by implementation, one line per (core, B, L, mode), floors beside."""
+    """One pivot per family (or core): peak MiB by implementation, a line per (B, L, mode), floors beside."""
+    fams: dict[str, list[Row]] = {}
+    for r in rows:
+        fams.setdefault(str(r.get("family") or r.get("core") or Path(spec.results).stem), []).append(r)
+    out = ["Peak RSS of one call above the RSS just before it (MiB), each in a fresh process; beside it what any "
+           "implementation must hold at that size (MiB).", ""]
+    for name, mine in sorted(fams.items()):
+        out += ([f"### {name}", ""] if len(fams) > 1 else []) + memory_pivot(spec, mine) + [""]
+    return out
+
+
+def memory_pivot(spec: ReportSpec, rows: list[Row]) -> list[str]:
     groups: dict[tuple[Any, ...], dict[str, Row]] = {}
     for r in rows:
         groups.setdefault((r.get("core") or r.get("family") or Path(spec.results).stem, r.get("B") or 0, r["L"],
@@ -338,9 +355,7 @@ def memory_tables(spec: ReportSpec, rows: list[Row]) -> list[str]:
         for k in _floors(spec, r):
             if k not in floor_names:
                 floor_names.append(k)
-    out = ["Peak RSS of one call above the RSS just before it (MiB), each in a fresh process; beside it what any "
-           "implementation must hold at that size (MiB).", "",
-           "| table | L | mode | " + " | ".join(impls + floor_names) + " |",
+    out = ["| table | L | mode | " + " | ".join(impls + floor_names) + " |",
            "|---|---|---|" + "---|" * (len(impls) + len(floor_names))]
     for (core, B, L, _, mode), by in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1:4])):
         cells = [f"{by[i]['peak_mib']:.0f}" if i in by and by[i].get("status", "ok") == "ok" and "peak_mib" in by[i]
@@ -401,11 +416,19 @@ def _table_key(r: Row) -> tuple[Any, ...]:
             r.get("B") or 0, r["workload"])
 
 
+def _mine(spec: ReportSpec, r: Row) -> bool:
+    """A row of this report: every row of a pre-harness file, the harness's rows of its families."""
+    return r.get("schema") != 2 or r.get("bench") == spec.name
+
+
 def render(spec: ReportSpec, path: Path | None = None, findings_dir: Path | None = None) -> str:
     """The whole report as Markdown, from a results file (default benchmarks/results/<spec.results>)
     and its findings (default benchmarks/findings/<spec.name>)."""
     path = path or HERE / "results" / spec.results
-    latest, runs, check = load_rows(path)
+    latest, runs, _ = load_rows(path)
+    latest = {k: r for k, r in latest.items() if _mine(spec, r)}
+    checks = [r for r in read_rows(path) if r["kind"] == "check" and _mine(spec, r)]
+    check = {"errors": {k: v for c in checks for k, v in c.get("errors", {}).items()}}
     rows = list(latest.values())
     lines = [*header(spec, path, latest, runs, check), *method(), *findings(spec, findings_dir)]
     shown: set[str] = set()
@@ -416,7 +439,7 @@ def render(spec: ReportSpec, path: Path | None = None, findings_dir: Path | None
             continue
         lines += [f"## {title}", ""]
         if kinds == ("memory",):
-            lines += [*memory_tables(spec, mine), ""]
+            lines += memory_tables(spec, mine)
             continue
         if "profile" in kinds and not any(timed(r) for r in mine):
             lines += [*profile_tables(mine), ""]

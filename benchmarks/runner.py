@@ -165,7 +165,7 @@ def table(family: Family, opts: Options, out: Writer, history: History, s: Sizes
     """One interleaved table: build, time, write; then the memory rows."""
     name = workload(family, s, mode)
     base = {"kind": family.kind, "workload": name, "L": s["L"], "B": s.get("B") or None, "mode": mode, "median_s": None,
-            "core": family.name.split("/")[0]}
+            "core": family.name.split("/")[0], "peer": family.peer_name()}
     built: dict[str, Built] = {}
     fewer: dict[str, int] = {}
     warm: dict[str, Any] = {}

@@ -88,10 +88,13 @@ def test_agreement_check_stops_a_wrong_implementation(bench: dict[str, ModuleTyp
 
 
 def _rows() -> list[dict[str, Any]]:
-    base = {"schema": 2, "run": "r1", "threads": 2, "family": "s4d/layer", "kind": "layer", "L": 64, "B": 4,
+    base = {"schema": 2, "bench": "REPORT.md", "run": "r1", "threads": 2, "family": "s4d/layer", "kind": "layer",
+            "L": 64, "B": 4,
             "mode": "fwd", "workload": "s4d/layer B=4 L=64 fwd", "foreign": 0.01, "status": "ok", "n": 3}
     return [
-        {"kind": "check", "workload": "agreement", "impl": "all", "run": "r1", "errors": {"x L=37": 3e-6}},
+        {"schema": 2, "bench": "REPORT.md", "kind": "check", "workload": "agreement", "impl": "all", "run": "r1",
+         "errors": {"x L=37": 3e-6}},
+        {**base, "bench": "REPORT_SCAN.md", "impl": "another report's row", "median_s": 1.0},
         {**base, "impl": "straightforward", "median_s": 0.2, "q25_s": 0.19, "q75_s": 0.21},
         {**base, "impl": "kernel=vandermonde conv=fft", "median_s": 0.05, "q25_s": 0.049, "q75_s": 0.051},
         {**base, "impl": "scan=scan", "status": "skipped", "reason": "too big", "median_s": None},
@@ -118,6 +121,7 @@ def test_renderer_turns_jsonl_into_markdown_with_ratios_floors_and_findings(
     assert "Measured at commit `abc1234`." in md and "python -m benchmarks run s4d --L 64" in md
     assert "| s4d B=4 | 64 | fwd | 12 | 2 |" in md  # peak MiB beside the (H, L) floor
     assert "python -m benchmarks report REPORT.md" in md
+    assert "another report's row" not in md and "max relative error 3.0e-06" in md
 
 
 def test_renderer_reads_the_pre_harness_rows_unchanged(bench: dict[str, ModuleType], tmp_path: Path) -> None:
