@@ -28,14 +28,14 @@ def streaming_cores():
 # adaptive ----------------------------------------------------------------------------------------
 def reference_adaptive(model, x, lengths, cfg):
     """Slow and obvious: every sample through every depth, then the rule on the whole history."""
-    z, n = model._embed(x, lengths)
-    outs = [model._readout(z, n)]
+    z, n = model.embed(x, lengths)
+    outs = [model.readout(z, n)]
     h = z
     every = 1 if cfg.stop_at == "block" else model.stack.period
     for pos in range(cfg.max_depth):
         h = model.stack.apply(pos, h)
         if (pos + 1) % every == 0:
-            outs.append(model._readout(h, n))
+            outs.append(model.readout(h, n))
     depth, chosen = [], []
     for b in range(x.shape[0]):
         ps = [prediction(o[b : b + 1], model.task, cfg.prediction) for o in outs]
@@ -125,9 +125,9 @@ def test_adaptive_flops_are_charged_to_the_samples_that_ran():
         probe = model.adaptive(x, epsilon=1e-12, stop_at="block", count_flops=False)
     # pick ε between the samples' first relative changes so some stop at 1 and others go on
     with torch.no_grad():
-        z, _ = model._embed(x)
-        p0 = prediction(model._readout(z), "classification", "probabilities")
-        p1 = prediction(model._readout(model.stack.apply(0, z)), "classification", "probabilities")
+        z, _ = model.embed(x)
+        p0 = prediction(model.readout(z), "classification", "probabilities")
+        p1 = prediction(model.readout(model.stack.apply(0, z)), "classification", "probabilities")
         rel = relative_change(p1, p0)
     eps = float(rel.median())
     res = model.adaptive(x, epsilon=eps, stop_at="block")

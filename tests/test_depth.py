@@ -85,7 +85,7 @@ def test_period_outputs_read_the_shared_head_after_each_period(period, depth):
         for j in range(depth // period):
             for pos in range(j * period, (j + 1) * period):
                 h = model.stack.blocks[model.stack.schedule[pos]](h)
-            torch.testing.assert_close(outs[j], model._readout(h, lengths))
+            torch.testing.assert_close(outs[j], model.readout(h, lengths))
 
 
 def test_period_outputs_carry_gradients_to_shared_blocks():

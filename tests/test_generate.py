@@ -76,7 +76,7 @@ def test_prefill_once_then_one_step_per_token(monkeypatch):
 
     def count_step(x, state):
         calls["step"] += 1
-        calls["sizes"].add(tuple((k, tuple(v.shape)) for k, v in sorted(state.items())))
+        calls["sizes"].add(tuple((k, tuple(v.shape)) for k, v in sorted(state.flatten().items())))
         return step(x, state)
 
     monkeypatch.setattr(model, "forward_with_state", count_prefill)

@@ -52,13 +52,13 @@ def test_step_equals_forward(name):
         for t in range(x.shape[1]):
             y, state = model.step(x[:, t], state)
             outs.append(y)
-        streamed = torch.stack(outs, 1) if model.pool == "none" else outs[-1]
+        streamed = torch.stack(outs, 1) if model.pool.per_step else outs[-1]
         torch.testing.assert_close(streamed, full, rtol=1e-9, atol=1e-9)
         # chunked streaming: prefill half with forward_with_state, step through the rest
         y1, st = model.forward_with_state(x[:, :10])
         for t in range(10, x.shape[1]):
             y_t, st = model.step(x[:, t], st)
-        torch.testing.assert_close(y_t, full[:, -1] if model.pool == "none" else full, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(y_t, full[:, -1] if model.pool.per_step else full, rtol=1e-9, atol=1e-9)
 
 
 def test_periodic_sharing_reuses_blocks_and_counts_once():
@@ -165,7 +165,7 @@ def test_time_channel_streams_like_the_parallel_forward():
             outs.append(y)
         torch.testing.assert_close(torch.stack(outs, 1), full, rtol=1e-9, atol=1e-9)
         _, st = model.forward_with_state(x[:, :9])
-        assert int(st["input.t"][0]) == 9
+        assert int(st.t[0]) == 9
 
 
 def test_uea_block_preset_and_overrides():
@@ -263,3 +263,53 @@ def test_tied_embeddings_start_small():
     ids = torch.randint(0, 84, (4, 16))
     loss = torch.nn.functional.cross_entropy(model(ids).reshape(-1, 84), ids.roll(-1, 1).reshape(-1))
     assert loss.item() < 2 * math.log(84)
+
+
+def _methods(cls_name: str, path: str):
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(path).read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name]
+    return [f for f in cls.body if isinstance(f, ast.FunctionDef)]
+
+
+def test_the_model_reads_no_strings_on_its_forward_and_step_paths():
+    """Pools, reshaping and state parts are objects chosen at build time: no method after __init__
+    compares a string (``self.pool == "none"``) or reads a string-keyed state (``state["layer0.h"]``)."""
+    import ast
+
+    import zoo_core.model
+
+    found = []
+    for fn in _methods("SequenceModel", zoo_core.model.__file__):
+        if fn.name == "__init__":
+            continue
+        for node in ast.walk(fn):
+            strings = [n for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+            if isinstance(node, ast.Compare) and any(s in strings for s in [node.left, *node.comparators]):
+                found.append(f"{fn.name}:{node.lineno}: {ast.unparse(node)}")
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+                found.append(f"{fn.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found
+
+
+def test_the_model_modules_call_nothing_private_across_modules():
+    """adaptive.py used model._embed/_readout; every model-assembly module now calls public names only
+    (flops.py is left out: torch's op objects are spelled with underscores)."""
+    import ast
+    from pathlib import Path
+
+    import zoo_core
+
+    root = Path(zoo_core.__file__).parent
+    found = []
+    for name in ("model", "model_state", "pools", "adaptive", "blocks", "stack", "stacking", "reshape", "generate"):
+        path = root / f"{name}.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                    found.append(f"{name}.py:{node.lineno}: {ast.unparse(node)}")
+            if isinstance(node, ast.ImportFrom) and any(a.name.startswith("_") for a in node.names):
+                found.append(f"{name}.py:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found

@@ -86,7 +86,7 @@ def test_chunked_forward_with_state_carries_the_buffer():
     with torch.no_grad():
         full = model(x)
         _, st = model.forward_with_state(x[:, :4])  # 4 raw steps: one model step and a third
-        assert int(st["reshape.fill"][0]) == 3 and int(st["input.t"][0]) == 4
+        assert int(st.reshape.fill[0]) == 3 and int(st.t[0]) == 4
         y, st = model.forward_with_state(x[:, 4:8], st)
         torch.testing.assert_close(y, model(x[:, :8]))
         y, st = model.step(x[:, 8], st)

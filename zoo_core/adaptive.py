@@ -141,9 +141,9 @@ def run_adaptive(model: SequenceModel, x: Tensor, lengths: Tensor | None, cfg: A
 
     checkpoints = cfg.checkpoints(model.stack.period)
     with torch.no_grad(), (fc if fc is not None else _null()):
-        h, n = model._embed(x, lengths)  # (B, L, H)
+        h, n = model.embed(x, lengths)  # (B, L, H)
         active = torch.arange(B, device=h.device)
-        p_prev = prediction(model._readout(h, n), model.task, cfg.prediction)
+        p_prev = prediction(model.readout(h, n), model.task, cfg.prediction)
         out: Tensor | None = None
         depth = torch.full((B,), cfg.max_depth or 0, dtype=torch.long, device=h.device)
         charge(active)
@@ -152,7 +152,7 @@ def run_adaptive(model: SequenceModel, x: Tensor, lengths: Tensor | None, cfg: A
             if pos + 1 not in checkpoints:
                 charge(active)
                 continue
-            y = model._readout(h, n)
+            y = model.readout(h, n)
             p = prediction(y, model.task, cfg.prediction)
             if pos + 1 == cfg.max_depth:
                 stop = torch.ones(len(active), dtype=torch.bool, device=h.device)

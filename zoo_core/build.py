@@ -17,6 +17,7 @@ from .logs import log_once
 from .model import SequenceModel
 from .reshape import InputReshaper
 from .plugins import using_registry
+from .pools import make_pool
 from .registry import Registry
 from .spec import Spec, load_spec
 from .stack import Stack
@@ -101,7 +102,7 @@ def _assemble(spec: Spec, *, device: Any, dtype: Any, seed: int | None) -> Seque
         stack=stack,
         head=head,
         task=env.task.kind,
-        pool=env.pool,
+        pool=make_pool(env.pool),
         d_model=m.d_model,
         final_norm=make_norm(m.final_norm, m.d_model, eps=m.block.norm_eps, **kw),
         time_length=env.input.length if env.input.include_time else None,
@@ -127,7 +128,7 @@ def summary(model: SequenceModel) -> str:
     stack = model.stack
     blocks = stack.blocks
     lines = [
-        f"model: {spec.get('name') or core.get('kind', '?')}  task={model.task}  pool={model.pool}  d_model={model.d_model}",
+        f"model: {spec.get('name') or core.get('kind', '?')}  task={model.task}  pool={model.pool.name}  d_model={model.d_model}",
         f"stack: depth {stack.depth}, {len(blocks)} unique block(s), schedule {pattern(stack.schedule)}, period {stack.period}",
     ]
     if model.reshaper is not None:

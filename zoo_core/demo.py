@@ -37,8 +37,9 @@ def stream_demo(spec_path: str, *, dataset: str = "basicmotions", index: int = 0
     print(f"parallel forward : {parallel[0]}")
     print(f"streamed (step)  : {streamed[0]}")
     print(f"max |difference| : {diff:.3e}  (relative {diff / max(scale, 1e-30):.3e})")
-    state_numel = sum(v.numel() for v in state.values())
-    print(f"streaming state  : {len(state)} tensors, {state_numel} numbers, independent of sequence length")
+    tensors = state.flatten()
+    state_numel = sum(v.numel() for v in tensors.values())
+    print(f"streaming state  : {len(tensors)} tensors, {state_numel} numbers, independent of sequence length")
     ok = diff <= 1e-4 * max(scale, 1.0)
     print("agreement        : " + ("OK" if ok else "MISMATCH"))
     return 0 if ok else 1

@@ -23,12 +23,11 @@ c/d raw steps per model step; rechunk splits one raw step into several model ste
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
-
-from .protocols import State
 
 
 def reshape_error(d: int, c: int) -> str | None:
@@ -38,6 +37,18 @@ def reshape_error(d: int, c: int) -> str | None:
         return (f"c = {c} does not fit {d} input features: concatenating steps needs c to be a multiple of {d} "
                 f"(c = {', '.join(map(str, lo))}, ...), or c < {d} to flatten and re-chunk")
     return None
+
+
+@dataclass
+class ReshapeState:
+    """What streaming keeps between raw steps: the values of the model step being filled.
+
+    buf: (B, c) the buffered values, zero past ``fill``.
+    fill: (B,) long, how many of the c values are buffered (the same for every sample).
+    """
+
+    buf: Tensor
+    fill: Tensor
 
 
 class InputReshaper:
@@ -71,24 +82,22 @@ class InputReshaper:
         return out, None if lengths is None else self.model_lengths(lengths)
 
     # streaming -------------------------------------------------------------------------
-    def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
-        return {
-            "reshape.buf": torch.zeros(batch_size, self.c, device=device, dtype=dtype),
-            "reshape.fill": torch.zeros(batch_size, device=device, dtype=torch.long),
-        }
+    def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> ReshapeState:
+        return ReshapeState(buf=torch.zeros(batch_size, self.c, device=device, dtype=dtype),
+                            fill=torch.zeros(batch_size, device=device, dtype=torch.long))
 
-    def push(self, x: Tensor, state: State) -> tuple[Tensor, Tensor | None, State]:
+    def push(self, x: Tensor, state: ReshapeState) -> tuple[Tensor, Tensor | None, ReshapeState]:
         """Raw steps x (B, T, d) after the buffered values.
 
         Returns the completed model steps (B, n, c) (n may be 0), the incomplete remainder
         zero-padded to (B, c) (None when nothing is left over) and the new state.
         """
         B, T, d = x.shape
-        fill = int(state["reshape.fill"][0]) if B else 0  # the same for every sample: they stream together
-        values = torch.cat([state["reshape.buf"][:, :fill], x.reshape(B, T * d)], dim=1)  # (B, fill + T·d)
+        fill = int(state.fill[0]) if B else 0  # the same for every sample: they stream together
+        values = torch.cat([state.buf[:, :fill], x.reshape(B, T * d)], dim=1)  # (B, fill + T·d)
         n = values.shape[1] // self.c
         full = values[:, : n * self.c].reshape(B, n, self.c)  # (B, n, c)
         rest = values[:, n * self.c :]  # (B, r), r < c
         buf = torch.nn.functional.pad(rest, (0, self.c - rest.shape[1]))  # (B, c)
-        new = {"reshape.buf": buf, "reshape.fill": torch.full_like(state["reshape.fill"], rest.shape[1])}
+        new = ReshapeState(buf=buf, fill=torch.full_like(state.fill, rest.shape[1]))
         return full, (buf if rest.shape[1] else None), new

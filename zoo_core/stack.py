@@ -24,7 +24,7 @@ Depth recurrence (seed 001, DESIGN §7):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -154,6 +154,30 @@ class Stack(nn.Module):
             outs.append(x_t)
             new.append(s)
         return outs, new
+
+    def advance(self, h: Tensor, states: Sequence[State], *, stepwise: bool,
+                reads: Collection[int]) -> tuple[dict[int, Tensor], list[State]]:
+        """Model steps h (B, n, H) through len(states) positions, each from its state.
+
+        Returns the features (B, n, H) after each number of positions in ``reads`` (0: h itself)
+        and the new states. ``stepwise`` runs the steps one at a time through ``step`` (n is small:
+        a step, or the model steps one raw step completes); otherwise each position takes the chunk
+        at once (``forward_with_state``)."""
+        out = {0: h} if 0 in reads else {}
+        new = []
+        for pos, state in enumerate(states):
+            if stepwise:
+                ys = []
+                for t in range(h.shape[1]):
+                    y_t, state = self.apply_step(pos, h[:, t], state)
+                    ys.append(y_t)
+                h = torch.stack(ys, dim=1)
+            else:
+                h, state = self.apply_with_state(pos, h, state)
+            new.append(state)
+            if pos + 1 in reads:
+                out[pos + 1] = h
+        return out, new
 
     def init_state(self, batch_size: int, depth: int | None = None, **kw: Any) -> list[State]:
         """One state per depth position; ``depth`` > the training depth for adaptive streaming."""
