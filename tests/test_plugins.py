@@ -246,3 +246,70 @@ def test_cores_resolve_for_the_device_they_are_built_for():
     layer = LRU(d_model=2, d_state=4)
     assert layer.backend_choice.entries["scan"].name == "naive"  # built on CPU
     assert layer.resolve_backend("auto", who="lru", device="cuda").entries["scan"].name == "scan"
+
+
+def test_an_api_mismatch_raises_plugin_api_version_error_recorded_as_the_reason(monkeypatch):
+    from zoo_core.errors import PluginAPIVersionError
+    from zoo_core.plugins import check_api
+
+    with pytest.raises(PluginAPIVersionError, match="API 2"):
+        check_api(types.SimpleNamespace(zoo_api=2))
+    old = _plugin("old", zoo_register_cores=_cores("old-core"))
+    old.zoo_api = 2
+    reg = load_registry([*_base(), inline_source("old", old)])
+    assert reg.plugins[-1].error.startswith("PluginAPIVersionError: written for zoo plugin API 2")
+    monkeypatch.setenv("ZOO_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginAPIVersionError, match="plugin 'old' .* failed to load: PluginAPIVersionError"):
+        load_registry([*_base(), inline_source("old", old)])
+
+
+def test_backend_aliases_are_a_registry_feature():
+    """A backend may take other names; a name another backend of the op already has reaches the
+    alias only where that one cannot serve (Mamba's 'scan' next to zoo-core's parallel 'scan')."""
+    from zoo_core.backends import resolve
+    from zoo_core.registry import Problem
+
+    def only_weird(p):
+        return None if p.structure == "weird" else "weird systems only"
+
+    def zoo_register_backends(register):
+        register("weird-loop", "scan", "zoo_core.kernels.scan:scan_naive", supports=only_weird, aliases=("scan", "wl"))
+
+    reg = load_registry([*entry_point_sources(), inline_source("w", _plugin("w", zoo_register_backends=zoo_register_backends))])
+    weird, diag = Problem(structure="weird", lti=False), Problem(structure="diag")
+    assert reg.backend("scan", "wl").name == "weird-loop"
+    assert reg.backend("scan", "scan", weird).name == "weird-loop" and reg.backend("scan", "scan", diag).name == "scan"
+    kw = {"paths": {"r": ("scan",)}, "prefer": ("r",), "reference": {"scan": "naive"}, "who": "t", "registry": reg}
+    assert resolve("scan", problem=weird, **kw).entries["scan"].name == "weird-loop"
+    assert resolve({"scan": "wl"}, problem=weird, **kw).entries["scan"].name == "weird-loop"
+    assert resolve("scan", problem=diag, **kw).entries["scan"].name == "scan"
+
+
+def test_capabilities_come_from_the_params_model_and_must_agree():
+    from typing import ClassVar
+
+    class CausalParams(CoreParams):
+        capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state"})
+
+    def agree(register):
+        register("c1", "zoo_core.testing.toys:ToyDiag", params=CausalParams, presets={"tiny": {}})
+
+    def disagree(register):
+        register("c2", "zoo_core.testing.toys:ToyDiag", params=CausalParams, presets={"tiny": {}}, capabilities={"step"})
+
+    reg = load_registry([*_base(), inline_source("a", _plugin("a", zoo_register_cores=agree)),
+                         inline_source("d", _plugin("d", zoo_register_cores=disagree))])
+    assert reg.cores["c1"].capabilities == CausalParams.capabilities
+    assert reg.plugins[-1].status == "failed" and "declare them once, on the params model" in reg.plugins[-1].error
+
+
+def test_register_callbacks_are_typed_protocols():
+    import inspect
+
+    from zoo_core import hookspecs
+
+    for hook, proto in [("zoo_register_cores", "RegisterCore"), ("zoo_register_backends", "RegisterBackend"),
+                        ("zoo_register_discretizers", "RegisterDiscretizer"), ("zoo_register_datasets", "RegisterSimple")]:
+        assert inspect.signature(getattr(hookspecs, hook)).parameters["register"].annotation == proto
+        assert hasattr(hookspecs, proto)
+

@@ -4,19 +4,27 @@ A core declares ``paths``: the ways it can compute a whole sequence, each a tupl
 S4D has ``{"conv": ("kernel", "conv"), "recurrent": ("scan",)}``; ``prefer``, the order ``auto``
 tries them in; and ``reference``, the all-naive choice every other backend is checked against.
 
-A setting is ``"auto"``, ``"naive"`` (the core's reference), one backend name (used for the op it
-serves, the rest of its path on auto) or a mapping ``{op: name}``.
+A setting is ``"auto"``, ``"naive"`` (the core's reference), a path's name (that path, its ops on
+auto), one backend name or alias (used for the op it serves, the rest of its path on auto) or a
+mapping ``{op: name}`` (the path whose ops it names exactly, else the first that contains them).
+``pinned`` ({op: name}, a core's per-device preference) replaces ``auto`` for the ops it names.
+
+``BoundOps`` is what a core calls: the chosen implementations, loaded once, typed by the op
+Protocols of ``zoo_core.protocols``, with the problem's structure bound.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .errors import BackendUnavailableError, UnknownNameError, did_you_mean
+from .protocols import ConvOp, KernelOp, ScanOp, SelectiveScanOp
 from .registry import BackendEntry, Problem, Registry
 
 log = logging.getLogger("zoo_core.backends")
@@ -38,10 +46,54 @@ class BackendChoice:
         return self.fns[op]
 
     def label(self) -> str:
-        return f"{self.path}: " + ", ".join(f"{op}={e.name}" for op, e in self.entries.items())
+        ops = ", ".join(f"{op}={e.name}" for op, e in self.entries.items())
+        return f"{self.path}: {ops or 'no backend ops (the core computes it itself)'}"
 
     def as_setting(self) -> dict[str, str]:
         return {op: e.name for op, e in self.entries.items()}
+
+
+def _bind_structure(fn: Callable[..., Any], structure: str) -> Callable[..., Any]:
+    """``fn`` with ``structure=`` bound when it takes that keyword (one implementation, several structures)."""
+    try:
+        takes = "structure" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return functools.partial(fn, structure=structure) if takes else fn
+
+
+class BoundOps:
+    """The ops of a chosen path, loaded once at build time with the structure bound.
+
+    A core calls ``self.ops.scan(a, b, h0)``, ``self.ops.kernel(system, L)``, ``self.ops.conv(u, k)``
+    or ``self.ops.selective_scan(...)``; asking for an op its chosen path does not run is an
+    AttributeError naming the path.
+    """
+
+    def __init__(self, choice: BackendChoice, structure: str) -> None:
+        self.path = choice.path
+        self._fns = {op: _bind_structure(choice.fn(op), structure) for op in choice.entries}
+
+    def _get(self, op: str) -> Any:
+        if op not in self._fns:
+            raise AttributeError(f"the chosen path {self.path!r} runs no {op!r} op (it runs {sorted(self._fns) or 'none'})")
+        return self._fns[op]
+
+    @property
+    def kernel(self) -> KernelOp:
+        return cast(KernelOp, self._get("kernel"))
+
+    @property
+    def conv(self) -> ConvOp:
+        return cast(ConvOp, self._get("conv"))
+
+    @property
+    def scan(self) -> ScanOp:
+        return cast(ScanOp, self._get("scan"))
+
+    @property
+    def selective_scan(self) -> SelectiveScanOp:
+        return cast(SelectiveScanOp, self._get("scan"))
 
 
 def _auto(reg: Registry, op: str, problem: Problem) -> tuple[BackendEntry | None, list[str]]:
@@ -58,7 +110,7 @@ def _fill(reg: Registry, ops: Sequence[str], fixed: Mapping[str, str], problem: 
     out: dict[str, BackendEntry] = {}
     for op in ops:
         if op in fixed:
-            entry = reg.backend(op, fixed[op])
+            entry = reg.backend(op, fixed[op], problem)
             reason = entry.supports(problem)
             if reason is not None:
                 raise BackendUnavailableError(f"{op} backend {entry.name!r} cannot serve {who}: {reason}.")
@@ -74,9 +126,9 @@ def _fill(reg: Registry, ops: Sequence[str], fixed: Mapping[str, str], problem: 
 def _path_for_name(reg: Registry, paths: Mapping[str, tuple[str, ...]], prefer: Sequence[str], name: str, who: str) -> tuple[str, str]:
     for path in prefer:
         for op in paths[path]:
-            if (op, name) in reg.backends:
+            if reg.named_backends(op, name):
                 return path, op
-    usable = sorted({n for (op, n) in reg.backends if any(op in ops for ops in paths.values())})
+    usable = sorted({n for (op, n), e in reg.backends.items() for n in (n, *e.aliases) if any(op in ops for ops in paths.values())})
     raise UnknownNameError(
         f"unknown backend {name!r} for {who};{did_you_mean(name, usable + ['auto', 'naive'])} "
         f"backends this core can use: auto, naive, {', '.join(usable)}."
@@ -92,35 +144,41 @@ def resolve(
     problem: Problem,
     who: str,
     registry: Registry | None = None,
+    pinned: Mapping[str, str] | None = None,
 ) -> BackendChoice:
     """Resolve a backend setting for one core; log an ``auto`` choice once with its reason."""
     if registry is None:
-        from .plugins import get_registry
+        from .plugins import get_registry  # the registry in use; a module import would be a cycle
 
         registry = get_registry()
+    pinned = dict(pinned or {})
     if setting == "naive":
         setting = dict(reference)
     if isinstance(setting, str) and setting in paths and not any(n == setting for _, n in registry.backends):
-        # a path's name (e.g. LrcSSM's "deer"): that computation, each of its ops on auto
-        return BackendChoice(setting, _fill(registry, paths[setting], {}, problem, who), f"path {setting!r} requested")
+        # a path's name (e.g. LrcSSM's "deer"): that computation, each of its ops on auto (or pinned)
+        fixed = {op: pinned[op] for op in paths[setting] if op in pinned}
+        return BackendChoice(setting, _fill(registry, paths[setting], fixed, problem, who), f"path {setting!r} requested")
     if isinstance(setting, str) and setting != "auto":
         path, op = _path_for_name(registry, paths, prefer, setting, who)
         return BackendChoice(path, _fill(registry, paths[path], {op: setting}, problem, who), f"{setting!r} requested")
     if isinstance(setting, Mapping):
         bad = [op for op in setting if not any(op in ops for ops in paths.values())]
-        for path in prefer:
+        exact = [p for p in prefer if set(setting) == set(paths[p])]
+        for path in exact + list(prefer):
             if not bad and set(setting) <= set(paths[path]):
                 return BackendChoice(path, _fill(registry, paths[path], setting, problem, who), "requested")
         layout = "; ".join(f"{p} uses {'+'.join(ops)}" for p, ops in paths.items())
         raise BackendUnavailableError(f"backend setting {dict(setting)} does not fit {who}: {layout}.")
     errors = []
     for path in prefer:
+        fixed = {op: pinned[op] for op in paths[path] if op in pinned}
         try:
-            entries = _fill(registry, paths[path], {}, problem, who)
+            entries = _fill(registry, paths[path], fixed, problem, who)
         except BackendUnavailableError as exc:
             errors.append(str(exc))
             continue
-        choice = BackendChoice(path, entries, f"auto: first path in {list(prefer)} whose ops all have a backend for a {_describe(problem)}; highest priority on {problem.device} wins")
+        how = f"the core pins {fixed} on {problem.device} (measured fastest there)" if fixed else f"highest priority on {problem.device} wins"
+        choice = BackendChoice(path, entries, f"auto: first path in {list(prefer)} whose ops all have a backend for a {_describe(problem)}; {how}")
         msg = f"{who}: backend auto -> {choice.label()} ({choice.reason})"
         if msg not in _LOGGED:
             _LOGGED.add(msg)

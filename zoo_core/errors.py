@@ -85,5 +85,13 @@ class NameConflictError(DuplicateNameError):
     """A command needs a name that two plugins claim, so neither provides it (both named)."""
 
 
-class PluginAPIVersionError(PluginError):
-    """A plugin was written for an incompatible zoo plugin API."""
+class PluginAPIVersionError(PluginLoadError):
+    """A plugin declares no zoo plugin API, or one this zoo-core does not speak (``zoo_api``): raised by
+    ``zoo_core.plugins.check_api`` and recorded as the plugin's failure (fatal in strict mode)."""
+
+
+class CoreArgumentError(ZooError, ValueError):
+    """A core's constructor argument breaks its params model's rules (range, type, consistency) or
+    names a component that cannot serve it: the message names the core and the argument."""
+
+    exit_code = 2

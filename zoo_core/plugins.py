@@ -29,14 +29,14 @@ import importlib.metadata as md
 import logging
 import os
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pluggy
 
 from . import hookspecs
-from .errors import DuplicateNameError, PluginLoadError
+from .errors import DuplicateNameError, PluginAPIVersionError, PluginLoadError
 from .plugin_conflicts import CORE_DIST, resolve_claims
 from .plugin_guard import CtrlC, TorchImportWatch, guarded_torch_state, watching_torch_import
 from .registry import (
@@ -45,6 +45,7 @@ from .registry import (
     BackendEntry,
     CoreEntry,
     DiscretizerEntry,
+    Problem,
     Provider,
     Registry,
     SimpleEntry,
@@ -74,6 +75,7 @@ class PluginInfo:
     imported: bool = False  # its module code ran in this process (whatever its status now)
     conflicts: list[str] = field(default_factory=list)  # one line per name it shares with another plugin
     warnings: list[str] = field(default_factory=list)  # e.g. global torch state it changed (restored)
+    error_type: type[PluginLoadError] = field(default=PluginLoadError, repr=False, compare=False)  # raised in strict mode
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -139,18 +141,19 @@ def _short(exc: BaseException) -> str:
     return " ".join(text.split())[:500]
 
 
-def _api_error(module: Any) -> str | None:
+def check_api(module: Any) -> None:
+    """Raise ``PluginAPIVersionError`` unless the plugin module declares an API this zoo-core speaks."""
     api = getattr(module, "zoo_api", None)
     if api is None:
-        return f"declares no plugin API version (set `zoo_api = {PLUGIN_API}` in the plugin module)"
+        raise PluginAPIVersionError(f"declares no plugin API version (set `zoo_api = {PLUGIN_API}` in the plugin module)")
     if isinstance(api, bool) or not (
         isinstance(api, int) or (isinstance(api, (tuple, list, set, frozenset)) and all(type(v) is int for v in api))
     ):
-        return f"declares zoo_api = {api!r}; it must be an int (e.g. {PLUGIN_API}) or a tuple of ints"
+        raise PluginAPIVersionError(f"declares zoo_api = {api!r}; it must be an int (e.g. {PLUGIN_API}) or a tuple of ints")
     ok = api == PLUGIN_API if isinstance(api, int) else PLUGIN_API in api
     if not ok:
-        return f"written for zoo plugin API {api!r}, but this zoo-core speaks API {PLUGIN_API}; upgrade the plugin or zoo-core"
-    return None
+        raise PluginAPIVersionError(f"written for zoo plugin API {api!r}, but this zoo-core speaks API {PLUGIN_API}; "
+                                    "upgrade the plugin or zoo-core")
 
 
 _HOOKS = {
@@ -165,28 +168,44 @@ _HOOKS = {
 Staged = dict[str, list[tuple[Any, Any]]]
 
 
+def _capabilities(name: str, params: type, declared: Iterable[str] | None) -> frozenset[str]:
+    """A core's capabilities: declared once, on its params model (``CoreParams.capabilities``); an
+    explicit ``capabilities=`` must agree with a params model that declares some."""
+    own = frozenset(getattr(params, "capabilities", frozenset()))
+    if declared is None:
+        return own
+    given = frozenset(declared)
+    if own and given != own:
+        raise ValueError(f"core {name!r}: capabilities={sorted(given)} differ from those its params model "
+                         f"{params.__name__} declares ({sorted(own)}); declare them once, on the params model")
+    return given
+
+
 def _make_register(kind: str, prov: Provider, out: list[tuple[Any, Any]]) -> Callable[..., None]:
     """A register() for one plugin and kind, appending (key, entry) to ``out``.
 
     These signatures are the plugin API: ``hookspecs.py`` documents them verbatim (a test compares).
     """
 
-    def register_core(name: str, target: Any, *, params: type, presets: dict, capabilities: Iterable[str] = (), card: str = "") -> None:
+    def register_core(name: str, target: Any, *, params: type, presets: Mapping[str, Mapping[str, Any]],
+                      capabilities: Iterable[str] | None = None, card: str = "") -> None:
         if "tiny" not in presets:
             raise ValueError(f"core {name!r} registers no 'tiny' preset (every core needs one for tests)")
+        caps = _capabilities(name, params, capabilities)
         if not isinstance(target, str):  # a class given directly: its constructor can be checked now
             problem = constructor_problem(target, params)
             if problem:
                 raise ValueError(f"core {name!r}: {problem} (a core's constructor must accept every params field, "
                                  "backend included, plus device and dtype)")
-        out.append((name, CoreEntry(name, target, params, dict(presets), frozenset(capabilities), card, prov)))
+        out.append((name, CoreEntry(name, target, params, dict(presets), caps, card, prov)))
 
-    def register_backend(name: str, op: str, target: Any, *, priority: int = 0, supports: Callable | None = None,
-                         requires: Sequence[str] = (), description: str = "", device_priority: dict[str, int] | None = None) -> None:
+    def register_backend(name: str, op: str, target: Any, *, priority: int = 0, supports: Callable[[Problem], str | None] | None = None,
+                         requires: Sequence[str] = (), description: str = "", device_priority: Mapping[str, int] | None = None,
+                         aliases: Sequence[str] = ()) -> None:
         if op not in OPS:
             raise ValueError(f"backend {name!r}: op must be one of {OPS}, not {op!r}")
         out.append(((op, name), BackendEntry(name, op, target, priority, supports, tuple(requires), description, prov,
-                                             dict(device_priority or {}))))
+                                             dict(device_priority or {}), tuple(aliases))))
 
     def register_discretizer(name: str, target: Any, *, structures: Iterable[str] = ("diag",), description: str = "") -> None:
         out.append((name, DiscretizerEntry(name, target, frozenset(structures), description, prov)))
@@ -234,9 +253,10 @@ def _load_one(pm: pluggy.PluginManager, src: PluginSource, ctrl_c: CtrlC) -> tup
     except BaseException as exc:  # noqa: BLE001 - a plugin's import may raise anything
         _fail(info, ctrl_c, "import failed", exc)
         return info, None
-    api = _api_error(plugin)
-    if api:
-        info.status, info.error = "failed", api
+    try:
+        check_api(plugin)
+    except PluginAPIVersionError as exc:  # recorded as the failure reason, with the error's name
+        info.status, info.error, info.error_type = "failed", f"{type(exc).__name__}: {exc}", type(exc)
         return info, None
     try:
         pm.register(plugin, name=f"{src.dist}:{src.name}")
@@ -279,7 +299,7 @@ def _check_fatal(info: PluginInfo, strict: bool) -> None:
         raise DuplicateNameError(f"plugin {info.name!r} from {info.dist} {info.version} conflicts with another: "
                                  f"{'; '.join(info.conflicts)}. Uninstall one of them, or restrict loading with "
                                  f"ZOO_LOAD_PLUGINS{why}")
-    raise PluginLoadError(f"plugin {info.name!r} from {info.dist} {info.version} failed to load: {info.error}{why}")
+    raise info.error_type(f"plugin {info.name!r} from {info.dist} {info.version} failed to load: {info.error}{why}")
 
 
 def load_registry(sources: Sequence[PluginSource] | None = None, *, strict: bool | None = None) -> Registry:

@@ -1,25 +1,34 @@
-"""The four extension points, as typed Protocols.
+"""The extension points and the op signatures, as typed Protocols.
 
-Letters: B batch, L length, H model width, N state size. Layout is batch-first (B, L, H);
-a recurrent state is a ``dict[str, Tensor]``. The conformance suite (``zoo_core.testing``) is
-what enforces these; ``runtime_checkable`` only checks that the methods exist.
+Letters: B batch, L length, H model width, N state size, S any trailing state shape. Layout is
+batch-first (B, L, H); a recurrent state is a ``dict[str, Tensor]``. The conformance suite
+(``zoo_core.testing``) is what enforces these; ``runtime_checkable`` only checks that the methods
+exist.
+
+Four extension points: ``SSMCore``, ``Discretizer``, ``KernelBackend``, ``StackingPolicy``. Four op
+signatures, what a backend registered for an op must implement (``register(name, op, target)``):
+``KernelOp`` and ``ConvOp`` (LTI cores: kernel then convolution), ``ScanOp`` (a linear recurrence)
+and ``SelectiveScanOp`` (Mamba's input-dependent scan, registered as op ``"scan"`` serving the
+structure ``"selective"``). An implementation that serves several structures takes a keyword
+``structure``; it is bound when the backend is resolved, so a core calls the op without it.
+Every op has a ``naive`` reference with the same signature, which every other backend must equal
+in outputs, final state and gradients (the conformance check ``backends``).
 """
 
 from __future__ import annotations
-
-import math
 
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 State = dict[str, Tensor]
 
 # Capability names a core may declare.
 CAPABILITIES = frozenset({
-    "step",             # step() advances one token
+    "causal",           # y_t depends on x_{≤t} only (padded batches are exact; the suite checks it)
+    "step",             # step() advances one token (requires "causal")
     "initial_state",    # forward(x, state) starts from a given state
     "lti",              # time-invariant: conv backends apply
     "complex_params",   # holds complex parameters (saved as real views)
@@ -58,9 +67,18 @@ class Discretizer(Protocol):
     def __call__(self, A: Tensor, B: Tensor, dt: Tensor, *, structure: str = "diag") -> Any: ...
 
 
+class BoundDiscretizer(Protocol):
+    """A discretizer with its structure bound (``CoreBase.discretizer_for``): returns
+    ``zoo_core.discretize.Discrete(a, b, log_a)``."""
+
+    def __call__(self, A: Tensor, B: Tensor, dt: Tensor | float) -> Any: ...
+
+
 @runtime_checkable
 class KernelBackend(Protocol):
-    """One implementation of one op ("kernel", "conv" or "scan"); see ``zoo_core.registry.BackendEntry``."""
+    """One implementation of one op ("kernel", "conv" or "scan"), as registered: ``load()`` returns
+    a callable of the op's signature (``KernelOp``, ``ConvOp``, ``ScanOp`` or ``SelectiveScanOp``);
+    see ``zoo_core.registry.BackendEntry``."""
 
     name: str
     op: str
@@ -80,6 +98,70 @@ class StackingPolicy(Protocol):
     def schedule(self, depth: int) -> Sequence[int]: ...
 
 
+# op signatures ---------------------------------------------------------------------------------
+class KernelOp(Protocol):
+    """Op ``kernel``: a discrete LTI system -> its length-L convolution kernel.
+
+    Args:
+        system: ``zoo_core.kernels.systems.DiagSystem(log_a (H, N), w (H, N))`` (K_l = Σ_n w_n a_n^l,
+            real part taken when complex), ``DenseSystem`` or ``DPLRSystem`` (S4); which ones a
+            backend serves is its ``supports(problem)`` (``problem.structure``).
+        L: kernel length ≥ 1.
+
+    Returns:
+        K: (H, L) real.
+    """
+
+    def __call__(self, system: Any, L: int) -> Tensor: ...
+
+
+class ConvOp(Protocol):
+    """Op ``conv``: causal (never circular) convolution of each channel with its kernel.
+
+    Args:
+        u: (B, L, H) input. k: (H, L) kernel (k[:, 0] multiplies the current step).
+
+    Returns:
+        y: (B, L, H), y[:, t] = Σ_{s ≤ t} k[:, t − s] · u[:, s], in u's dtype.
+    """
+
+    def __call__(self, u: Tensor, k: Tensor) -> Tensor: ...
+
+
+class ScanOp(Protocol):
+    """Op ``scan``: the linear recurrence h_t = a_t ⊗ h_{t−1} + b_t, structure bound at resolution.
+
+    Args:
+        a: transitions broadcastable to (B, L, *S) ("diag": elementwise) or (B, L, *S, 2, 2)
+            ("block2x2": a 2×2 matrix per state); a time-invariant a has size 1 along B and L.
+        b: inputs (B, L, *S) or (B, L, *S, 2); real or complex.
+        h0: initial state (B, *S[, 2]), or None for zero.
+
+    Returns:
+        h_all: (B, L, *S[, 2]) every state; h_last: (B, *S[, 2]) the final one.
+    """
+
+    def __call__(self, a: Tensor, b: Tensor, h0: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
+
+
+class SelectiveScanOp(Protocol):
+    """Op ``scan`` for the structure ``"selective"`` (Mamba): input-dependent Δ, B, C.
+
+    h_t = exp(Δ_t ⊗ A) ⊙ h_{t−1} + (Δ_t ⊙ u_t) ⊗ B_t,  y_t = h_t · C_t + D ⊙ u_t.
+
+    Args:
+        u: (Bt, L, Di) input. delta: (Bt, L, Di) step sizes Δ > 0. A: (Di, N).
+        B, C: (Bt, L, N) input-dependent or (Di, N) time-invariant. D: (Di,) or None.
+        h0: (Bt, Di, N) initial state, or None for zero.
+
+    Returns:
+        y: (Bt, L, Di) in u's dtype; h_last: (Bt, Di, N) in the compute dtype (float32 or float64).
+    """
+
+    def __call__(self, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                 D: Tensor | None = None, h0: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
+
+
 def complex_dtype(real: torch.dtype) -> torch.dtype:
     """The complex dtype of a real one: float64 -> complex128, otherwise complex64."""
     return torch.complex128 if real == torch.float64 else torch.complex64
@@ -95,50 +177,10 @@ def require_float(x: Tensor, who: str) -> None:
         )
 
 
-class CoreBase(nn.Module):
-    """Optional base class: ``forward`` and ``step`` from ``forward_with_state``, empty hints."""
+def __getattr__(name: str) -> object:
+    """``CoreBase`` moved to ``zoo_core.corebase``; kept importable here until every plugin moves."""
+    if name == "CoreBase":
+        from .corebase import CoreBase  # transitional: removed once the built-in plugins import it from corebase
 
-    capabilities: ClassVar[frozenset[str]] = frozenset()
-    # Parameters that get the learning rate ``self.ssm_lr`` and no weight decay (S4's convention).
-    ssm_params: ClassVar[tuple[str, ...]] = ()
-
-    def resolve_backend(self, setting: Any, *, who: str, device: Any = None) -> Any:
-        """Resolve ``setting`` for this core's declared paths, on the device it is built for.
-
-        Uses the class attributes ``paths``, ``prefer``, ``reference`` and ``problem``.
-        """
-        import dataclasses
-
-        from .backends import resolve
-
-        problem = dataclasses.replace(self.problem, device=torch.device(device or "cpu").type)  # type: ignore[attr-defined]
-        return resolve(setting, paths=self.paths, prefer=self.prefer, reference=self.reference,  # type: ignore[attr-defined]
-                       problem=problem, who=who)
-
-    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
-        return self.forward_with_state(x, state)[0]
-
-    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        raise NotImplementedError
-
-    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
-        y, new_state = self.forward_with_state(x_t[:, None, :], state)
-        return y[:, 0], new_state
-
-    def optim_hints(self) -> Mapping[str, OptimHint]:
-        lr = getattr(self, "ssm_lr", None)
-        if lr is None:
-            return {}
-        hint = OptimHint(lr=lr, weight_decay=0.0)
-        return {name: hint for name in self.ssm_params}
-
-    def rescale_dt(self, factor: float) -> None:
-        """Multiply every step size Δ by ``factor`` (2.0: the input is sampled at half the rate).
-
-        For continuous-time cores, which keep a ``dt_scale`` attribute that multiplies their Δ.
-        """
-        if "continuous_time" not in self.capabilities:
-            raise ValueError(f"{type(self).__name__} is discrete-time: it has no step size Δ to rescale")
-        if not (factor > 0 and math.isfinite(factor)):
-            raise ValueError(f"dt rescaling factor must be a positive finite number, got {factor}")
-        self.dt_scale: float = self.dt_scale * factor
+        return CoreBase
+    raise AttributeError(f"module 'zoo_core.protocols' has no attribute {name!r}")

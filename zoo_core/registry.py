@@ -134,6 +134,7 @@ class BackendEntry:
     description: str
     provider: Provider
     device_priority: Mapping[str, int] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()  # other names a spec may use for it (where no backend of the op has that name and serves the core)
 
     def rank(self, device: str) -> int:
         """``auto``'s preference on a device type ("cpu", "cuda", ...): higher wins."""
@@ -243,13 +244,23 @@ class Registry:
         msg += f" Registered cores: {', '.join(sorted(self.cores)) or '(none)'}."
         return _raise_unknown(msg)
 
-    def backend(self, op: str, name: str) -> BackendEntry:
-        if (op, name) in self.backends:
-            return self.backends[(op, name)]
+    def named_backends(self, op: str, name: str) -> list[BackendEntry]:
+        """The ``op`` backend registered as ``name``, then those registered with ``name`` as an alias."""
+        exact = [self.backends[(op, name)]] if (op, name) in self.backends else []
+        return exact + [e for (o, _), e in sorted(self.backends.items()) if o == op and name in e.aliases]
+
+    def backend(self, op: str, name: str, problem: Problem | None = None) -> BackendEntry:
+        """The ``op`` backend called ``name`` (its name or an alias); with ``problem``, the first of
+        those that can serve it (a name and an alias may coincide: "scan" is zoo-core's parallel scan
+        and Mamba's chunked selective scan), else the first, whose ``supports`` gives the reason."""
+        found = self.named_backends(op, name)
+        if found:
+            serving = [e for e in found if problem is not None and e.supports(problem) is None]
+            return (serving or found)[0]
         self.refuse_conflict("backends", (op, name))
-        names = [n for (o, n) in self.backends if o == op]
+        names = [n for (o, _), e in self.backends.items() if o == op for n in (e.name, *e.aliases)]
         return _raise_unknown(
-            f"unknown {op} backend {name!r};{did_you_mean(name, names)} {op} backends: {', '.join(sorted(names))}."
+            f"unknown {op} backend {name!r};{did_you_mean(name, names)} {op} backends: {', '.join(sorted(set(names)))}."
         )
 
     def backends_for(self, op: str, device: str = "cpu") -> list[BackendEntry]:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from ..hookspecs import hookimpl
+from collections.abc import Callable
+
+from ..hookspecs import RegisterBackend, hookimpl
 from ..registry import Problem
+
+Supports = Callable[[Problem], str | None]
 
 zoo_api = 1
 
 
-def _structures(*allowed: str):  # type: ignore[no-untyped-def]
+def _structures(*allowed: str) -> Supports:
     def supports(p: Problem) -> str | None:
         if p.structure not in allowed:
             return f"it handles {'/'.join(allowed)} systems, not {p.structure!r}"
@@ -29,7 +33,7 @@ def _lti_only(p: Problem) -> str | None:
     return None
 
 
-def _kernel(*allowed: str):  # type: ignore[no-untyped-def]
+def _kernel(*allowed: str) -> Supports:
     structures = _structures(*allowed)
     return lambda p: _lti_only(p) or structures(p)
 
@@ -49,7 +53,7 @@ def _keops_supports(p: Problem) -> str | None:
 
 
 @hookimpl
-def zoo_register_backends(register):  # type: ignore[no-untyped-def]
+def zoo_register_backends(register: RegisterBackend) -> None:
     register("naive", "kernel", "zoo_core.kernels.kernel:kernel_naive", priority=0,
              supports=_kernel("diag", "dense", "dplr"),
              description="reference: powers of the discrete state matrix, one step at a time (O(N·L), O(N²·L) dense)")

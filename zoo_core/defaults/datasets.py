@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..datasets import DatasetUnavailableError, SplitData, data_home, encode_labels, offline, pad_sequences
-from ..hookspecs import hookimpl
+from ..hookspecs import RegisterSimple, hookimpl
 
 zoo_api = 1
 
@@ -53,7 +53,7 @@ SHAKESPEARE_VOCAB = 84
 
 
 @hookimpl
-def zoo_register_datasets(register):  # type: ignore[no-untyped-def]
+def zoo_register_datasets(register: RegisterSimple) -> None:
     for name, (ch, k, length, ntr, nte, uneq) in AEON_CLASSIFICATION.items():
         register(name, "zoo_core.defaults.datasets:load_aeon", description=f"UEA/UCR {name}, bundled in aeon",
                  task="classification", channels=ch, classes=k, length=length, sizes={"train": ntr, "test": nte},

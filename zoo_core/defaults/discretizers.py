@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ..hookspecs import hookimpl
+from ..hookspecs import RegisterDiscretizer, hookimpl
 
 zoo_api = 1
 
 
 @hookimpl
-def zoo_register_discretizers(register):  # type: ignore[no-untyped-def]
+def zoo_register_discretizers(register: RegisterDiscretizer) -> None:
     structures = ("diag", "dense")
     register("zoh", "zoo_core.discretize:zoh", structures=structures,
              description="zero-order hold: exp(ΔA), A⁻¹(exp(ΔA) − I)B")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ..hookspecs import hookimpl
+from ..hookspecs import RegisterSimple, hookimpl
 
 zoo_api = 1
 
 
 @hookimpl
-def zoo_register_stacking_policies(register):  # type: ignore[no-untyped-def]
+def zoo_register_stacking_policies(register: RegisterSimple) -> None:
     register("independent", "zoo_core.stacking:Independent",
              description="every depth position has its own block (ABCDEF)")
     register("periodic", "zoo_core.stacking:Periodic",

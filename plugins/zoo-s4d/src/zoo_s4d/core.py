@@ -13,30 +13,27 @@ and safetensors see real tensors only.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from zoo_core.corebase import CoreBase, runs_path
 from zoo_core.init.diag import log_uniform_dt, s4d_init
 from zoo_core.kernels.systems import DiagSystem
-from zoo_core.plugins import get_registry
-from zoo_core.protocols import CoreBase, State, complex_dtype, require_float
+from zoo_core.protocols import State, complex_dtype, require_float
 from zoo_core.registry import Problem
 
-from .plugin import CAPABILITIES
+from .params import S4DParams
 
 _STATE_CHUNK = 1024  # time steps per block when folding a sequence into the final state
 
 
-
-class S4D(CoreBase):
-    capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES)
-    ssm_params: ClassVar[tuple[str, ...]] = ("log_dt", "log_A_real", "A_imag", "B")
-    paths: ClassVar[dict[str, tuple[str, ...]]] = {"conv": ("kernel", "conv"), "recurrent": ("scan",)}
-    prefer: ClassVar[tuple[str, ...]] = ("conv", "recurrent")
-    reference: ClassVar[dict[str, str]] = {"scan": "naive"}
-    problem: ClassVar[Problem] = Problem(structure="diag", lti=True, complex=True)
+class S4D(CoreBase, params=S4DParams):
+    ssm_params = ("log_dt", "log_A_real", "A_imag", "B")
+    paths = {"conv": ("kernel", "conv"), "recurrent": ("scan",)}
+    reference = {"scan": "naive"}
+    problem = Problem(structure="diag", lti=True, complex=True)
 
     def __init__(
         self,
@@ -65,19 +62,14 @@ class S4D(CoreBase):
         self.B = nn.Parameter(torch.view_as_real(b).to(**kw))  # (H, P, 2)
         self.C = nn.Parameter(torch.view_as_real(torch.randn(H, P, dtype=complex_dtype(real))).to(**kw))  # (H, P, 2)
         self.D = nn.Parameter(torch.randn(H, **kw))  # (H,)
-        registry = get_registry()
-        disc = registry.discretizer(discretizer)
-        if "diag" not in disc.structures:
-            raise ValueError(f"discretizer {discretizer!r} does not handle diagonal systems")
         self.discretizer = discretizer
-        self._discretize = disc.load()
-        self.backend_choice = self.resolve_backend(backend, who="core 's4d'", device=device)
+        self._discretize = self.discretizer_for(discretizer)
 
     # parameters -> discrete system ------------------------------------------------------
     def _discrete(self) -> Any:
         dt = torch.exp(self.log_dt) * self.dt_scale  # (H,)
         A = torch.complex(-torch.exp(self.log_A_real), self.A_imag)  # (H, P)
-        return self._discretize(A, torch.view_as_complex(self.B), dt[:, None], structure="diag")
+        return self._discretize(A, torch.view_as_complex(self.B), dt[:, None])
 
     def _C(self) -> Tensor:
         return torch.view_as_complex(self.C)  # (H, P)
@@ -94,25 +86,21 @@ class S4D(CoreBase):
         require_float(x, "S4D")
         d = self._discrete()
         h0 = None if state is None else state["h"]  # (B, H, P)
-        if self.backend_choice.path == "recurrent":
-            y, h = self._recurrent(x, d, h0)
-        else:
-            y = self._convolve(x, d, h0)
-            h = self._final_state(x, d, h0) if want_state else None
+        y, h = self.run_path(x, d, h0, want_state)
         return y + x * self.D, h  # (B, L, H)
 
-    def _convolve(self, x: Tensor, d: Any, h0: Tensor | None) -> Tensor:
+    @runs_path("conv")
+    def _convolve(self, x: Tensor, d: Any, h0: Tensor | None, want_state: bool) -> tuple[Tensor, Tensor | None]:
         L = x.shape[1]
         C = self._C()
-        kernel = self.backend_choice.fn("kernel")
-        K = kernel(DiagSystem(d.log_a, 2 * C * d.b), L)  # (H, L)
-        y = self.backend_choice.fn("conv")(x, K)  # (B, L, H)
+        K = self.ops.kernel(DiagSystem(d.log_a, 2 * C * d.b), L)  # (H, L)
+        y = self.ops.conv(x, K)  # (B, L, H)
         if h0 is not None:  # y_t += 2 Re Σ_p C_p Ā_p^(t+1) h0_p
             Bsz, H, P = h0.shape
             w = (2 * C * d.a * h0).reshape(Bsz * H, P)  # (B·H, P)
             log_a = d.log_a.expand(Bsz, H, P).reshape(Bsz * H, P)
-            y = y + kernel(DiagSystem(log_a, w), L).reshape(Bsz, H, L).transpose(1, 2)
-        return y
+            y = y + self.ops.kernel(DiagSystem(log_a, w), L).reshape(Bsz, H, L).transpose(1, 2)
+        return y, (self._final_state(x, d, h0) if want_state else None)
 
     def _final_state(self, x: Tensor, d: Any, h0: Tensor | None) -> Tensor:
         """x_L = Ā^L h0 + Σ_s Ā^(L−1−s) B̄ u_s, in blocks of time so memory stays O(H·P·chunk)."""
@@ -128,9 +116,10 @@ class S4D(CoreBase):
             h = h + torch.exp(d.log_a * L) * h0
         return h  # (B, H, P)
 
-    def _recurrent(self, x: Tensor, d: Any, h0: Tensor | None) -> tuple[Tensor, Tensor]:
+    @runs_path("recurrent")
+    def _recurrent(self, x: Tensor, d: Any, h0: Tensor | None, want_state: bool) -> tuple[Tensor, Tensor]:
         bu = d.b * x[..., None].to(d.b.dtype)  # (B, L, H, P)
-        h, h_last = self.backend_choice.fn("scan")(d.a[None, None], bu, h0, structure="diag")  # (B, L, H, P)
+        h, h_last = self.ops.scan(d.a[None, None], bu, h0)  # (B, L, H, P)
         y = 2 * torch.einsum("blhp,hp->blh", h, self._C()).real  # (B, L, H)
         return y.to(x.dtype), h_last
 
@@ -147,6 +136,5 @@ class S4D(CoreBase):
         return {"h": torch.zeros(batch_size, self.d_model, self.d_state // 2,
                                  dtype=complex_dtype(real), device=device or self.D.device)}
 
-    # capabilities ----------------------------------------------------------------------
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, d_state={self.d_state}, discretizer={self.discretizer}, backend={self.backend_choice.label()}"

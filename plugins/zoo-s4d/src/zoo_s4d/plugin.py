@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from zoo_core import hookimpl
+from zoo_core.hookspecs import RegisterCore, hookimpl
 
 from .params import S4DParams
 
 zoo_api = 1
-
-CAPABILITIES = ("step", "initial_state", "lti", "complex_params", "continuous_time")
 
 CARD = """S4D (Gu, Gupta, Goel, Ré 2022): one diagonal SISO state space model per channel,
 x' = Λx + Bu, y = 2Re(Cx) + Du, N/2 conjugate pairs stored; S4D-LegS/Lin/Inv/Real spectra;
@@ -17,7 +15,7 @@ the diagonal recurrence for streaming."""
 
 
 @hookimpl
-def zoo_register_cores(register):  # type: ignore[no-untyped-def]
+def zoo_register_cores(register: RegisterCore) -> None:
     register(
         "s4d",
         "zoo_s4d.core:S4D",
@@ -29,6 +27,5 @@ def zoo_register_cores(register):  # type: ignore[no-untyped-def]
             "lin": {"d_state": 64, "init": "lin"},
             "bilinear": {"d_state": 64, "discretizer": "bilinear"},
         },
-        capabilities=CAPABILITIES,
         card=CARD,
     )

@@ -1,0 +1,227 @@
+"""``CoreBase``: the class contract of an SSM core, made explicit.
+
+A core subclasses ``CoreBase`` and names its params model in the class statement::
+
+    class S4D(CoreBase, params=S4DParams):
+        ssm_params = ("log_dt", "log_A_real", "A_imag", "B")
+        paths = {"conv": ("kernel", "conv"), "recurrent": ("scan",)}
+        reference = {"scan": "naive"}
+        problem = Problem(structure="diag", lti=True, complex=True)
+
+From that declaration the machinery does, for every constructor call (spec or direct):
+
+1. **validates** the constructor's keyword arguments against the params model (one mechanism and
+   one message style for every core: ``CoreArgumentError`` naming the core and the argument);
+2. runs the core's own ``__init__`` (parameters are drawn there, in the core's order);
+3. **resolves the backend** from the ``backend`` argument for the device the core is built on,
+   and **binds** the result once: ``self.ops.kernel`` / ``.conv`` / ``.scan`` /
+   ``.selective_scan`` are the chosen implementations with the problem's structure already bound
+   (typed by the op Protocols of ``zoo_core.protocols``), and ``self.run_path`` is the method
+   marked ``@runs_path(name)`` for the chosen path. ``forward`` never tests a path name.
+
+Capabilities are declared once, on the params model (``CoreParams.capabilities``, torch-free, so
+registration can read it without importing model code); the class reports the same set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar
+
+import torch
+from pydantic import ValidationError
+from torch import Tensor, nn
+
+from .backends import BackendChoice, BoundOps, resolve
+from .errors import CoreArgumentError
+from .params import CoreParams
+from .protocols import BoundDiscretizer, OptimHint, State
+from .registry import Problem
+
+F = TypeVar("F", bound=Callable[..., Any])
+_PATH_ATTR = "__zoo_path__"
+_NOT_ARGS = ("self", "device", "dtype")
+
+
+def runs_path(name: str) -> Callable[[F], F]:
+    """Mark a method as the computation of path ``name`` (one of the class's ``paths``): the one
+    ``self.run_path`` is bound to when ``name`` is the chosen path. Needed only with two paths or more."""
+
+    def mark(fn: F) -> F:
+        setattr(fn, _PATH_ATTR, name)
+        return fn
+
+    return mark
+
+
+def _path_methods(cls: type) -> dict[str, str]:
+    """path name -> method name, over the class and its bases (a subclass's marks win)."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        for attr, value in vars(klass).items():
+            path = getattr(value, _PATH_ATTR, None)
+            if isinstance(path, str):
+                out[path] = attr
+    return out
+
+
+def _argument_error(cls: type, exc: ValidationError) -> CoreArgumentError:
+    """One message style for every core: the core, each argument and its rule, and the fix."""
+    parts = []
+    for err in exc.errors():
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        loc = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{loc} = {err['input']!r}: {msg}" if loc else msg)
+    model = getattr(cls, "params_model", None)
+    return CoreArgumentError(
+        f"{cls.__name__}: invalid constructor argument{'s' if len(parts) > 1 else ''}: {'; '.join(parts)}. "
+        f"Pass values its params model {getattr(model, '__name__', '?')} accepts (`zoo info` lists each field's range)"
+    )
+
+
+def _constructing(init: Callable[..., None]) -> Callable[..., None]:
+    """Wrap a core's ``__init__``: validate its arguments before, resolve and bind the backend after.
+    Only the outermost constructor of a call does either (a subclass calling ``super().__init__``)."""
+    sig = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self: CoreBase, *args: Any, **kwargs: Any) -> None:
+        if self.__dict__.get("_zoo_building"):
+            init(self, *args, **kwargs)
+            return
+        bound = sig.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        values = {k: v for k, v in bound.arguments.items() if k not in _NOT_ARGS}
+        object.__setattr__(self, "_zoo_building", True)  # before nn.Module.__init__: a plain attribute
+        try:
+            object.__setattr__(self, "hparams", type(self).validate_args(values))
+            init(self, *args, **kwargs)
+        finally:
+            self.__dict__.pop("_zoo_building", None)
+        if type(self).paths and "backend" in values and "backend_choice" not in self.__dict__:  # transitional
+            self.bind_backend(values["backend"], device=bound.arguments.get("device"))
+
+    return __init__
+
+
+class CoreBase(nn.Module):
+    """Base class of the built-in cores (optional for third parties, who may satisfy ``SSMCore``
+    alone): the compute plan as typed class attributes, validation and backend binding done by the
+    machinery, ``forward``/``step`` from ``forward_with_state``, optimiser hints from ``ssm_params``.
+
+    Class attributes (the compute plan):
+        params_model: the params model (set by ``class X(CoreBase, params=XParams)``).
+        capabilities: what the core supports; from ``params_model.capabilities``.
+        paths: path name -> the ops it runs, e.g. ``{"conv": ("kernel", "conv"), "recurrent": ("scan",)}``;
+            a path may use no op (``()``: the core's own loop).
+        prefer: the order ``auto`` tries paths in (default: the order of ``paths``).
+        reference: the all-naive setting every other backend is checked against (``{}``: the op-less path).
+        problem: what the core asks of a backend (structure, lti, complex); the device is filled in.
+        auto_backends: device type -> {op: backend} that ``auto`` and a bare path name pin there
+            (a measured preference the generic priorities do not express).
+        ssm_params: parameters that get ``ssm_lr`` and no weight decay.
+    """
+
+    params_model: ClassVar[type[CoreParams] | None] = None
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+    paths: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    prefer: ClassVar[tuple[str, ...]] = ()
+    reference: ClassVar[Mapping[str, str]] = {}
+    problem: ClassVar[Problem] = Problem()
+    auto_backends: ClassVar[Mapping[str, Mapping[str, str]]] = {}
+    ssm_params: ClassVar[tuple[str, ...]] = ()
+    path_methods: ClassVar[Mapping[str, str]] = {}
+
+    # set for every instance by the machinery
+    hparams: CoreParams | None
+    backend_choice: BackendChoice
+    ops: BoundOps
+    run_path: Callable[..., Any]
+
+    def __init_subclass__(cls, *, params: type[CoreParams] | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if params is not None:
+            cls.params_model = params
+            cls.capabilities = frozenset(params.capabilities)
+        if cls.paths and not cls.prefer:
+            cls.prefer = tuple(cls.paths)
+        cls.path_methods = _path_methods(cls)
+        init = cls.__dict__.get("__init__")
+        params_ = inspect.signature(init).parameters.values() if init is not None else ()
+        if init is not None and not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params_):
+            setattr(cls, "__init__", _constructing(init))  # the machinery's wrapper (signature kept)
+
+    # the machinery ------------------------------------------------------------------------
+    @classmethod
+    def validate_args(cls, values: Mapping[str, Any]) -> CoreParams | None:
+        """The constructor's keyword arguments through the params model (None without one);
+        raise ``CoreArgumentError`` (exit 2) naming the core and each bad argument."""
+        if cls.params_model is None:
+            return None
+        try:
+            return cls.params_model.model_validate(dict(values))
+        except ValidationError as exc:
+            raise _argument_error(cls, exc) from None
+
+    def resolve_backend(self, setting: Any, *, who: str | None = None, device: Any = None) -> BackendChoice:
+        """Resolve ``setting`` for this core's paths on ``device`` (its type: cpu, cuda, ...)."""
+        kind = torch.device(device or "cpu").type
+        problem = dataclasses.replace(self.problem, device=kind)
+        return resolve(setting, paths=self.paths, prefer=self.prefer, reference=self.reference, problem=problem,
+                       who=who or f"core {type(self).__name__}", pinned=self.auto_backends.get(kind, {}))
+
+    def bind_backend(self, setting: Any, *, device: Any = None) -> BackendChoice:
+        """Resolve ``setting`` and bind it once: ``backend_choice``, ``ops`` and ``run_path``."""
+        choice = self.resolve_backend(setting, device=device)
+        self.backend_choice = choice
+        self.ops = BoundOps(choice, self.problem.structure)
+        if choice.path in self.path_methods:
+            self.run_path = getattr(self, self.path_methods[choice.path])
+        return choice
+
+    def discretizer_for(self, name: str, structure: str | None = None) -> BoundDiscretizer:
+        """The registered discretizer ``name`` with ``structure`` (default: the problem's) bound, its
+        attributes kept (e.g. a stability bound); refused naming both when it does not handle that structure."""
+        from .plugins import get_registry  # the registry the core is built in (using_registry)
+
+        structure = structure or self.problem.structure
+        entry = get_registry().discretizer(name)
+        if structure not in entry.structures:
+            raise CoreArgumentError(
+                f"{type(self).__name__}: discretizer {name!r} handles {'/'.join(sorted(entry.structures))} systems, "
+                f"not the {structure!r} systems this core needs; use one that lists {structure!r} (`zoo list --kind discretizers`)")
+        fn = entry.load()
+        return functools.update_wrapper(functools.partial(fn, structure=structure), fn)  # keeps its attributes
+
+    # the protocol ---------------------------------------------------------------------------
+    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
+        return self.forward_with_state(x, state)[0]
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        raise NotImplementedError
+
+    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
+        y, new_state = self.forward_with_state(x_t[:, None, :], state)
+        return y[:, 0], new_state
+
+    def optim_hints(self) -> Mapping[str, OptimHint]:
+        lr = getattr(self, "ssm_lr", None)
+        if lr is None:
+            return {}
+        hint = OptimHint(lr=lr, weight_decay=0.0)
+        return {name: hint for name in self.ssm_params}
+
+    def rescale_dt(self, factor: float) -> None:
+        """Multiply every step size Δ by ``factor`` (2.0: the input is sampled at half the rate).
+
+        For continuous-time cores, which keep a ``dt_scale`` attribute that multiplies their Δ.
+        """
+        if "continuous_time" not in self.capabilities:
+            raise ValueError(f"{type(self).__name__} is discrete-time: it has no step size Δ to rescale")
+        if not (factor > 0 and math.isfinite(factor)):
+            raise ValueError(f"dt rescaling factor must be a positive finite number, got {factor}")
+        self.dt_scale: float = self.dt_scale * factor
