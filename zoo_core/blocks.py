@@ -12,6 +12,7 @@ a block applied at several depth positions gets independent masks per applicatio
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -119,6 +120,7 @@ class _NormsMixin:
     """Norm handling shared by the block layouts: own norms, or norms handed in per call."""
 
     _norm_names: tuple[str, ...] = ()
+    _norm_factory: Callable[[], nn.Module]  # a fresh norm of the block's kind (set by each layout)
 
     def norm_modules(self) -> list[nn.Module]:
         """The block's own norms, in the order ``norms=`` expects them."""
@@ -129,7 +131,7 @@ class _NormsMixin:
 
     def make_norms(self) -> list[nn.Module]:
         """Fresh norms of the same kind, as freshly initialised (one set per depth position)."""
-        return [self._norm_factory() for _ in self._norm_names]  # type: ignore[attr-defined]
+        return [self._norm_factory() for _ in self._norm_names]
 
     def drop_norms(self) -> None:
         """Remove the block's own norms: every call must then pass ``norms=`` (per-position norms)."""

@@ -213,7 +213,8 @@ class SequenceModel(nn.Module):
         """Raw steps x (B, T, ·) from ``state``: commit complete model steps, read the outputs at
         depths ``reads`` (numbers of positions applied; 0 is the encoder output)."""
         chunks, leftover, reshape = self._model_steps(self._with_time(x, state.t), state.reshape)
-        layers, hn = state.layers, {}
+        layers = state.layers
+        hn: dict[int, Tensor] = {}  # final-normed features of the committed steps, per read depth
         pools: dict[int, PoolState | None] = {k: state.pools.get(k) for k in reads}
         if chunks.shape[1]:
             hs, layers = self.stack.advance(self.encoder(chunks), layers, stepwise=stepwise, reads=reads)  # (B, n, H) each
