@@ -340,7 +340,7 @@ def mamba_generate() -> list[Impl]:
         from zoo_core.generate import generate
 
         model, ids = _lm_pair()[0], _prompt(s["B"])
-        return Built(lambda: generate(model, ids, s["L"]), info=lambda: {"tokens_per_s": None})
+        return Built(lambda: generate(model, ids, s["L"]))  # tokens/s = B·L / median in the report
 
     def hf(s: Sizes, mode: str) -> Built:
         model, ids = _lm_pair()[1], _prompt(s["B"])
