@@ -63,6 +63,15 @@ def test_the_structure_is_bound_when_the_op_is_resolved():
         rec.ops.kernel  # noqa: B018
 
 
+def test_two_paths_without_a_marked_method_are_refused_at_class_definition():
+    with pytest.raises(TypeError, match=r"no method marked @runs_path for \['b'\]"):
+        class TwoPaths(CoreBase):  # noqa: F841
+            paths = {"a": ("scan",), "b": ("scan",)}
+
+            @runs_path("a")
+            def _a(self) -> None: ...
+
+
 def test_the_discretizer_lookup_is_one_call_that_names_both_sides():
     core = S4D(d_model=2, d_state=4, discretizer="bilinear")
     assert core._discretize.keywords == {"structure": "diag"}
@@ -81,6 +90,13 @@ def test_device_type_goes_into_the_problem_and_pins_apply_there():
 
     assert Pinned(2).backend_choice.entries["scan"].name == "scan"  # pinned on cpu over the loop's priority
     assert Pinned(2, backend="naive").backend_choice.entries["scan"].name == "naive"
+
+
+@pytest.mark.parametrize("name", sorted(get_registry().cores))
+def test_capabilities_are_declared_once_on_the_params_model(name):
+    entry = get_registry().core(name)
+    assert entry.capabilities == entry.params.capabilities == entry.load().capabilities
+    assert "step" not in entry.capabilities or "causal" in entry.capabilities
 
 
 def test_a_core_without_a_params_model_is_not_validated():

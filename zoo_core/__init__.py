@@ -16,7 +16,7 @@ from .errors import (
     UnknownNameError,
     ZooError,
 )
-from .hookspecs import hookimpl
+from .hookspecs import RegisterBackend, RegisterCore, RegisterDiscretizer, RegisterSimple, hookimpl
 
 __version__ = "0.1.0"
 
@@ -44,6 +44,10 @@ __all__ = [
     "CheckpointError",
     "DuplicateNameError",
     "PluginLoadError",
+    "RegisterBackend",
+    "RegisterCore",
+    "RegisterDiscretizer",
+    "RegisterSimple",
     "SpecError",
     "UnknownNameError",
     "ZooError",

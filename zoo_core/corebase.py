@@ -102,7 +102,8 @@ def _constructing(init: Callable[..., None]) -> Callable[..., None]:
             init(self, *args, **kwargs)
         finally:
             self.__dict__.pop("_zoo_building", None)
-        if type(self).paths and "backend" in values and "backend_choice" not in self.__dict__:  # transitional
+        if type(self).paths and "backend" in values and "backend_choice" not in self.__dict__:
+            # (a core written before this contract resolves in __init__ and keeps its own choice)
             self.bind_backend(values["backend"], device=bound.arguments.get("device"))
 
     return __init__
@@ -150,6 +151,10 @@ class CoreBase(nn.Module):
         if cls.paths and not cls.prefer:
             cls.prefer = tuple(cls.paths)
         cls.path_methods = _path_methods(cls)
+        missing = [p for p in cls.paths if p not in cls.path_methods]
+        if len(cls.paths) > 1 and missing:
+            raise TypeError(f"{cls.__name__} declares paths {list(cls.paths)} but no method marked "
+                            f"@runs_path for {missing}: mark the method that computes each path")
         init = cls.__dict__.get("__init__")
         params_ = inspect.signature(init).parameters.values() if init is not None else ()
         if init is not None and not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params_):

@@ -175,12 +175,3 @@ def require_float(x: Tensor, who: str) -> None:
             f"half-precision path); got {x.dtype} input: cast it with x.float(), or keep autocast "
             "away from SSM layers"
         )
-
-
-def __getattr__(name: str) -> object:
-    """``CoreBase`` moved to ``zoo_core.corebase``; kept importable here until every plugin moves."""
-    if name == "CoreBase":
-        from .corebase import CoreBase  # transitional: removed once the built-in plugins import it from corebase
-
-        return CoreBase
-    raise AttributeError(f"module 'zoo_core.protocols' has no attribute {name!r}")

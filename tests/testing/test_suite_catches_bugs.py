@@ -45,3 +45,24 @@ class TestToyThroughTheSuiteClass(ConformanceSuite):
     """The pytest-facing class, exercised on the correct toy core."""
 
     core = "toy-diag"
+
+
+def test_step_without_causal_is_a_protocol_violation(toy_registry):
+    """Streaming one token at a time is causal by construction: a core must declare both."""
+    from zoo_core.testing.checks import check_protocol
+
+    case = case_from_registry("toy-diag", registry=toy_registry)
+    case.capabilities = frozenset({"step", "initial_state", "lti"})
+    case.cls = type("StepOnly", (case.cls,), {"capabilities": case.capabilities})
+    with pytest.raises(ConformanceError, match="'step' without 'causal'"):
+        check_protocol(case)
+
+
+def test_causality_is_checked_only_where_declared(toy_registry):
+    """A bidirectional core declares no 'causal' and skips the check instead of inverting it by hand."""
+    from zoo_core.testing.checks import Skip, check_causality
+
+    case = case_from_registry("toy-broken-causality", registry=toy_registry)
+    case.capabilities = frozenset({"lti"})
+    with pytest.raises(Skip, match="'causal'"):
+        check_causality(case)

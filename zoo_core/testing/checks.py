@@ -115,6 +115,9 @@ def check_protocol(case: CoreCase) -> None:
         raise ConformanceError(f"unknown capabilities {sorted(unknown)}; known: {sorted(CAPABILITIES)}")
     if frozenset(case.cls.capabilities) != case.capabilities:
         raise ConformanceError(f"registered capabilities {sorted(case.capabilities)} != class capabilities {sorted(case.cls.capabilities)}")
+    if "step" in case.capabilities and "causal" not in case.capabilities:
+        raise ConformanceError("capabilities: 'step' without 'causal' (streaming one token at a time is causal by "
+                               "construction); declare 'causal' too")
 
 
 def check_shapes(case: CoreCase) -> None:
@@ -130,7 +133,8 @@ def check_shapes(case: CoreCase) -> None:
 
 
 def check_causality(case: CoreCase) -> None:
-    """Changing x[:, t:] leaves y[:, :t] unchanged."""
+    """Changing x[:, t:] leaves y[:, :t] unchanged (cores that declare ``causal``)."""
+    case.needs("causal")
     core = case.make()
     x = _x(case, 2, 33)
     x2 = x.clone()
@@ -195,7 +199,7 @@ def _run_with_grads(core: Any, x: torch.Tensor, carry: bool) -> dict[str, torch.
 def check_backends(case: CoreCase) -> None:
     """Every backend combination that can serve the core equals the naive reference (outputs,
     final state, gradients of the input and every parameter), in float64."""
-    if not hasattr(case.cls, "paths"):
+    if not getattr(case.cls, "paths", None):
         raise Skip(f"core {case.name!r} declares no backend paths")
     from ..backends import all_choices
 
@@ -301,6 +305,52 @@ def check_optim_hints(case: CoreCase) -> None:
         raise ConformanceError(f"optim hints name no parameter: {sorted(bad)}")
 
 
+def _run_half(case: CoreCase, core: Any, what: str, half: torch.dtype) -> None:
+    if what == "forward":
+        core(_x(case, 2, 7, torch.float32).to(half))
+    else:
+        core.step(_x(case, 2, 1, torch.float32)[:, 0].to(half), core.init_state(2))
+
+
+def check_half_precision(case: CoreCase) -> None:
+    """bfloat16 and float16 input to a float32 core is refused with a TypeError that names the dtype
+    (the declared behaviour until mixed precision exists), in forward and in step: never NaN, never a
+    dtype-mismatch error from deep inside."""
+    core = case.make(dtype=torch.float32)
+    for half in (torch.bfloat16, torch.float16):
+        for what in ("forward", "step") if "step" in case.capabilities else ("forward",):
+            try:
+                _run_half(case, core, what, half)
+            except TypeError as exc:
+                if str(half).removeprefix("torch.") not in str(exc):
+                    raise ConformanceError(f"half precision: {what} refused {half} input with a TypeError that does not name "
+                                           f"the dtype: {exc}") from None
+                continue
+            except Exception as exc:  # noqa: BLE001 - any other failure is the unclear one this check is about
+                raise ConformanceError(f"half precision: {what} on {half} input raised {type(exc).__name__} ({exc}); "
+                                       "refuse it up front with a TypeError naming the dtype (zoo_core.protocols.require_float)") from None
+            raise ConformanceError(f"half precision: {what} accepted {half} input; refuse it with a TypeError naming the "
+                                   "dtype (zoo_core.protocols.require_float) until the core has a mixed-precision path")
+
+
+def check_backendless(case: CoreCase) -> None:
+    """The core is usable without the spec system: built from ``d_model`` alone (every other argument,
+    ``backend``, ``device`` and ``dtype`` included, at its default), it runs a float32 sequence."""
+    from ..plugins import using_registry
+
+    torch.manual_seed(0)
+    try:
+        with using_registry(case.registry):
+            core = case.cls(d_model=case.d_model)
+    except TypeError as exc:
+        raise ConformanceError(f"backend-less constructor: {case.cls.__name__}(d_model={case.d_model}) failed: {exc}; every "
+                               "argument but d_model needs a default (backend='auto', device=None, dtype=None)") from None
+    y = core(_x(case, 2, 9, torch.float32))
+    if tuple(y.shape) != (2, 9, case.d_model) or not bool(torch.isfinite(y).all()):
+        raise ConformanceError(f"backend-less constructor: a default-built core gave {tuple(y.shape)} output (finite: "
+                               f"{bool(torch.isfinite(y).all())})")
+
+
 def check_save_load(case: CoreCase) -> None:
     """A model with this core shared across depth saves and loads back identically, storing the
     shared block once."""
@@ -382,6 +432,8 @@ CHECKS: dict[str, Callable[[CoreCase], None]] = {
     "determinism": check_determinism,
     "params_schema": check_params_schema,
     "optim_hints": check_optim_hints,
+    "half_precision": check_half_precision,
+    "backendless": check_backendless,
     "save_load": check_save_load,
     "long_step": check_long_step,
     "shared_depth": check_shared_depth,

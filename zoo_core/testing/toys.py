@@ -14,25 +14,26 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from ..hookspecs import hookimpl
+from ..corebase import CoreBase, runs_path
+from ..hookspecs import RegisterCore, hookimpl
 from ..kernels.systems import DiagSystem
 from ..params import CoreParams
-from ..protocols import CoreBase, OptimHint, State
+from ..protocols import OptimHint, State, require_float
 from ..registry import Problem
 
 zoo_api = 1
 
 
 class ToyParams(CoreParams):
+    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "lti"})
+
     d_state: int = Field(4, gt=0, le=64)
 
 
-class ToyDiag(CoreBase):
-    capabilities: ClassVar[frozenset[str]] = frozenset({"step", "initial_state", "lti"})
-    paths: ClassVar[dict[str, tuple[str, ...]]] = {"conv": ("kernel", "conv"), "recurrent": ("scan",)}
-    prefer: ClassVar[tuple[str, ...]] = ("conv", "recurrent")
-    reference: ClassVar[dict[str, str]] = {"scan": "naive"}
-    problem: ClassVar[Problem] = Problem(structure="diag", lti=True, complex=False)
+class ToyDiag(CoreBase, params=ToyParams):
+    paths = {"conv": ("kernel", "conv"), "recurrent": ("scan",)}
+    reference = {"scan": "naive"}
+    problem = Problem(structure="diag", lti=True, complex=False)
 
     def __init__(self, d_model: int, d_state: int = 4, backend: Any = "auto", *, device: Any = None, dtype: Any = None) -> None:
         super().__init__()
@@ -42,30 +43,33 @@ class ToyDiag(CoreBase):
         self.b = nn.Parameter(torch.randn(d_model, d_state, **kw))  # (H, N)
         self.c = nn.Parameter(torch.randn(d_model, d_state, **kw) / d_state)  # (H, N)
         self.d = nn.Parameter(torch.randn(d_model, **kw))  # (H,)
-        self.backend_choice = self.resolve_backend(backend, who=f"core {type(self).__name__}", device=device)
 
     def decay(self) -> Tensor:
         return torch.sigmoid(self.a_logit)  # (H, N)
 
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        a = self.decay()
-        bu = self.b * x[..., None]  # (B, L, H, N)
-        h0 = None if state is None else state["h"]
-        if self.backend_choice.path == "recurrent":
-            h, h_last = self.backend_choice.fn("scan")(a[None, None], bu, h0, structure="diag")
-            y = (h * self.c).sum(-1)  # (B, L, H)
-        else:
-            L = x.shape[1]
-            K = self.backend_choice.fn("kernel")(DiagSystem(torch.log(a), self.c * self.b), L)  # (H, L)
-            y = self.backend_choice.fn("conv")(x, K)
-            powers = a[None] ** torch.arange(1, L + 1, dtype=x.dtype, device=x.device)[:, None, None]  # (L, H, N)
-            if h0 is not None:
-                y = y + torch.einsum("lhn,bhn,hn->blh", powers, h0, self.c)
-            rev = a[None] ** torch.arange(L - 1, -1, -1, dtype=x.dtype, device=x.device)[:, None, None]  # (L, H, N)
-            h_last = torch.einsum("lhn,blhn->bhn", rev, bu) + (0 if h0 is None else powers[-1] * h0)
+        require_float(x, type(self).__name__)
+        y, h_last = self.run_path(x, self.decay(), None if state is None else state["h"])
         return y + self.d * x, {"h": h_last}
 
+    @runs_path("recurrent")
+    def _recurrent(self, x: Tensor, a: Tensor, h0: Tensor | None) -> tuple[Tensor, Tensor]:
+        h, h_last = self.ops.scan(a[None, None], self.b * x[..., None], h0)  # (B, L, H, N)
+        return (h * self.c).sum(-1), h_last  # (B, L, H)
+
+    @runs_path("conv")
+    def _convolve(self, x: Tensor, a: Tensor, h0: Tensor | None) -> tuple[Tensor, Tensor]:
+        L = x.shape[1]
+        y = self.ops.conv(x, self.ops.kernel(DiagSystem(torch.log(a), self.c * self.b), L))  # (B, L, H)
+        powers = a[None] ** torch.arange(1, L + 1, dtype=x.dtype, device=x.device)[:, None, None]  # (L, H, N)
+        if h0 is not None:
+            y = y + torch.einsum("lhn,bhn,hn->blh", powers, h0, self.c)
+        rev = a[None] ** torch.arange(L - 1, -1, -1, dtype=x.dtype, device=x.device)[:, None, None]  # (L, H, N)
+        h_last = torch.einsum("lhn,blhn->bhn", rev, self.b * x[..., None]) + (0 if h0 is None else powers[-1] * h0)
+        return y, h_last
+
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
+        require_float(x_t, type(self).__name__)
         h = self.decay() * state["h"] + self.b * x_t[..., None]  # (B, H, N)
         return (h * self.c).sum(-1) + self.d * x_t, {"h": h}
 
@@ -111,9 +115,10 @@ class ForgetsState(ToyDiag):
 class WrongFastPath(ToyDiag):
     """Breaks backend equivalence: the convolution path drops the skip term."""
 
-    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        y, s = super().forward_with_state(x, state)
-        return (y - self.d * x if self.backend_choice.path == "conv" else y), s
+    @runs_path("conv")
+    def _convolve_wrong(self, x: Tensor, a: Tensor, h0: Tensor | None) -> tuple[Tensor, Tensor]:
+        y, h_last = self._convolve(x, a, h0)
+        return y - self.d * x, h_last
 
 
 class AlwaysFloat32(ToyDiag):
@@ -176,7 +181,7 @@ class UnsavedState(ToyDiag):
 class WrongCapabilities(ToyDiag):
     """Breaks the protocol: declares a capability nobody knows."""
 
-    capabilities: ClassVar[frozenset[str]] = frozenset({"step", "initial_state", "lti", "teleport"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "lti", "teleport"})
 
 
 BROKEN: dict[str, type] = {
@@ -222,10 +227,29 @@ class StateOnSelf(ToyDiag):
 BROKEN["shared_depth"] = StateOnSelf
 
 
+class AcceptsHalf(ToyDiag):
+    """Breaks the half-precision behaviour: computes on float16 input (in float32) instead of refusing it."""
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        return super().forward_with_state(x.float(), state)
+
+    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
+        return super().step(x_t.float(), state)
+
+
+class NeedsBackend(ToyDiag):
+    """Breaks backend-less construction: ``backend`` has no default (only a spec would supply it)."""
+
+    def __init__(self, d_model: int, d_state: int = 4, *, backend: Any, device: Any = None, dtype: Any = None) -> None:
+        super().__init__(d_model, d_state, backend, device=device, dtype=dtype)
+
+
+BROKEN["half_precision"] = AcceptsHalf
+BROKEN["backendless"] = NeedsBackend
+
+
 @hookimpl
-def zoo_register_cores(register):  # type: ignore[no-untyped-def]
-    caps = ToyDiag.capabilities
-    register("toy-diag", "zoo_core.testing.toys:ToyDiag", params=ToyParams, presets={"tiny": {"d_state": 3}}, capabilities=caps)
-    for check, cls in BROKEN.items():
-        register(f"toy-broken-{check.replace('_', '-')}", cls, params=ToyParams,
-                 presets={"tiny": {"d_state": 3}}, capabilities=cls.capabilities)
+def zoo_register_cores(register: RegisterCore) -> None:
+    register("toy-diag", "zoo_core.testing.toys:ToyDiag", params=ToyParams, presets={"tiny": {"d_state": 3}})
+    for check, cls in BROKEN.items():  # capabilities from ToyParams: WrongCapabilities's class disagrees
+        register(f"toy-broken-{check.replace('_', '-')}", cls, params=ToyParams, presets={"tiny": {"d_state": 3}})

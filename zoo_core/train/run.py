@@ -59,7 +59,7 @@ def check_model_fits(spec: Spec, cfg: TrainingSpec, dataset: Dataset) -> None:
     """What padded batches need from the model: causal cores (masking the pool is then exact)."""
     if not dataset.info.unequal_length:
         return
-    if "step" not in spec.core.capabilities:  # the registered capabilities: no model needs building
+    if "causal" not in spec.core.capabilities:  # the registered capabilities: no model needs building
         raise SpecError(f"{dataset.info.name!r} has sequences of unequal length, padded at the end, but core "
                         f"{spec.core.name!r} is not causal: the padding would reach the valid steps. Use a causal "
                         "core or an equal-length dataset")

@@ -254,8 +254,9 @@ def test_discretizers_are_registered_by_this_plugin_and_resolved_by_name():
     for name in ("linoss-im", "linoss-imex"):
         entry = reg.discretizer(name)
         assert entry.structures == frozenset({"block2x2"}) and entry.provider.dist == "zoo-linoss"
-    assert LinOSS(d_model=2, d_state=3, discretizer="linoss-imex")._discretize is linoss_imex
-    assert LinOSS(d_model=2, d_state=3)._discretize is linoss_im
+    bound = LinOSS(d_model=2, d_state=3, discretizer="linoss-imex")._discretize
+    assert bound.func is linoss_imex and bound.keywords == {"structure": "block2x2"} and bound.dt2A_max == 4.0
+    assert LinOSS(d_model=2, d_state=3)._discretize.func is linoss_im
     assert reg.core("linoss").preset("imex")["discretizer"] == "linoss-imex"
 
 

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from zoo_core.blocks import count_params
 from zoo_core.build import build_model
-from zoo_core.errors import SpecError
+from zoo_core.errors import CoreArgumentError, SpecError
 from zoo_lrcssm.core import LrcSSM
 from zoo_lrcssm.deer import NewtonConvergenceError, newton_fixed_point
 from zoo_lrcssm.params import LrcSSMParams
@@ -239,8 +239,9 @@ def test_converged_single_step_needs_no_fallback():
 
 # backends ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("setting,label", [
-    ("naive", "sequential: loop over L (no scan)"),
-    ({}, "sequential: loop over L (no scan)"),
+    ("naive", "sequential: no backend ops (the core computes it itself)"),
+    ({}, "sequential: no backend ops (the core computes it itself)"),
+    ("sequential", "sequential: no backend ops (the core computes it itself)"),
     ("auto", "deer: scan=scan"),
     ("deer", "deer: scan=scan"),
     ("scan", "deer: scan=scan"),
@@ -328,14 +329,15 @@ def test_bad_params_are_rejected_naming_the_field(bad, field, rule):
 
 
 @pytest.mark.parametrize("kw,match", [
-    ({"elastance": "sym"}, "elastance must be one of"),
-    ({"on_nonconvergence": "ignore"}, "on_nonconvergence must be one of"),
-    ({"dt": -1.0}, "dt must be a positive"),
-    ({"tol": 2.0}, "tol must lie in"),
-    ({"max_iter": 0}, "max_iter must be a positive int"),
+    ({"elastance": "sym"}, "elastance = 'sym': Input should be 'asymmetric' or 'symmetric'"),
+    ({"on_nonconvergence": "ignore"}, "on_nonconvergence = 'ignore': Input should be 'fallback' or 'error'"),
+    ({"dt": -1.0}, "dt = -1.0: Input should be greater than 0"),
+    ({"tol": 2.0}, "tol = 2.0: Input should be less than 1"),
+    ({"max_iter": 0}, "max_iter = 0: Input should be greater than or equal to 1"),
 ])
 def test_direct_construction_refuses_the_same(kw, match):
-    with pytest.raises(ValueError, match=match):
+    """The params model's rules, applied by CoreBase to a direct call: the core and the argument named."""
+    with pytest.raises(CoreArgumentError, match="^LrcSSM: invalid constructor argument: " + match):
         LrcSSM(d_model=3, **kw)
 
 

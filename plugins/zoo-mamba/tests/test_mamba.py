@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from pydantic import ValidationError
 
 from zoo_core.build import build_model
-from zoo_core.errors import SpecError
+from zoo_core.errors import CoreArgumentError, SpecError
 from zoo_mamba.core import Mamba
 from zoo_mamba.params import MambaParams
 
@@ -163,9 +163,9 @@ def test_bad_params_are_refused_naming_the_field(bad, field, rule):
     with pytest.raises(ValidationError) as info:
         MambaParams.model_validate({"d_model": 5, **bad})
     assert field in str(info.value) and rule in str(info.value)
-    if not isinstance(bad.get("tv_B"), int) and "d_inner" not in bad:
-        with pytest.raises(ValidationError):
-            Mamba(5, **bad)  # the constructor checks the same rules
+    if "d_inner" not in bad:
+        with pytest.raises(CoreArgumentError, match=f"^Mamba: invalid constructor argument.*{field}.*{rule}"):
+            Mamba(5, **bad)  # the constructor checks the same rules, with the core named
 
 
 def test_bad_spec_names_the_key_path():
@@ -181,3 +181,12 @@ def test_example_specs_build():
         model = build_model(os.path.join(here, f"{name}.yaml"), seed=0)
         if params is not None:
             assert sum(p.numel() for p in model.parameters()) == params
+
+
+def test_half_input_to_a_float32_core_is_refused_naming_the_dtype_but_a_half_core_takes_it():
+    """Mamba's selective scan accumulates in float32, so a core built in bfloat16 runs bfloat16 input;
+    a float32 core refuses it up front (it used to fail inside in_proj with a matmul dtype error)."""
+    with pytest.raises(TypeError, match=r"Mamba built in torch.float32 got torch.bfloat16 input"):
+        Mamba(8)(torch.randn(2, 5, 8, dtype=torch.bfloat16))
+    y = Mamba(8, dtype=torch.bfloat16)(torch.randn(2, 5, 8, dtype=torch.bfloat16))
+    assert y.dtype == torch.bfloat16 and bool(torch.isfinite(y.float()).all())

@@ -21,15 +21,15 @@ class TestS5BilinearLecun(ConformanceSuite):
 
 
 class TestS5Bidirectional(ConformanceSuite):
-    """Every check but causality, which a bidirectional layer breaks by design (see below);
-    step/state checks skip because the core does not declare those capabilities."""
+    """Every check; causality and the step/state checks skip because the core does not declare
+    ``causal``, ``step`` or ``initial_state``."""
 
     core = "s5-bidirectional"
 
-    def test_causality(self):
-        """Inverted: changing inputs from t=20 on must change outputs before t=20 (the reverse
-        scan sees the future). zoo_core has no capability to declare non-causality yet."""
+    def test_reverse_scan_sees_the_future(self):
+        """Changing inputs from t=20 on changes outputs before t=20: the reverse scan is wired."""
         case = self.conformance_case()
+        assert "causal" not in case.capabilities
         core = case.make()
         x = torch.randn(2, 33, case.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
         x2 = x.clone()

@@ -1,39 +1,42 @@
 """EMA: h_t = a ⊙ h_{t−1} + (1 − a) ⊙ x_t, y_t = h_t + d ⊙ x_t. Letters: B batch, L length, H width."""
 
-from typing import Any, ClassVar
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from zoo_core.backends import resolve
-from zoo_core.protocols import CoreBase, State
+from zoo_core.corebase import CoreBase
+from zoo_core.protocols import State, require_float
 from zoo_core.registry import Problem
 
+from .params import EMAParams
 
-class EMA(CoreBase):
-    capabilities: ClassVar[frozenset[str]] = frozenset({"step", "initial_state", "lti"})
-    paths: ClassVar[dict] = {"recurrent": ("scan",)}
-    prefer: ClassVar[tuple] = ("recurrent",)
-    reference: ClassVar[dict] = {"scan": "naive"}
-    problem: ClassVar[Problem] = Problem(structure="diag", lti=True)
 
-    def __init__(self, d_model: int, init_decay: float = 0.9, backend: Any = "auto", *, device: Any = None, dtype: Any = None):
+class EMA(CoreBase, params=EMAParams):
+    paths = {"recurrent": ("scan",)}
+    reference = {"scan": "naive"}
+    problem = Problem(structure="diag", lti=True)
+
+    def __init__(self, d_model: int, init_decay: float = 0.9, backend: str | Mapping[str, str] = "auto", *,
+                 device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         kw = {"device": device, "dtype": dtype or torch.get_default_dtype()}
         self.d_model = d_model
         logit = torch.logit(torch.tensor(init_decay, dtype=torch.float64)).item()
         self.decay_logit = nn.Parameter(torch.full((d_model,), logit, **kw))  # (H,)
         self.d = nn.Parameter(torch.zeros(d_model, **kw))  # (H,)
-        self.backend_choice = resolve(backend, paths=self.paths, prefer=self.prefer, reference=self.reference,
-                                      problem=self.problem, who="core 'ema'")
 
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        require_float(x, "EMA")
         a = torch.sigmoid(self.decay_logit)  # (H,)
-        h0 = None if state is None else state["h"]
-        h, h_last = self.backend_choice.fn("scan")(a[None, None], (1 - a) * x, h0, structure="diag")  # (B, L, H)
+        h, h_last = self.ops.scan(a[None, None], (1 - a) * x, None if state is None else state["h"])  # (B, L, H)
         return h + self.d * x, {"h": h_last}
 
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
+        require_float(x_t, "EMA")
         a = torch.sigmoid(self.decay_logit)
         h = a * state["h"] + (1 - a) * x_t  # (B, H)
         return h + self.d * x_t, {"h": h}

@@ -19,34 +19,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from zoo_core.corebase import CoreBase
 from zoo_core.discretize import Discrete
-from zoo_core.plugins import get_registry
-from zoo_core.protocols import CoreBase, State, complex_dtype, require_float
+from zoo_core.protocols import State, complex_dtype, require_float
 from zoo_core.registry import Problem
 
 from .discretize import UnstableDiscretizationError, check_dt2A
-from .params import DT_MAX_DEFAULT, init_problems
-from .plugin import CAPABILITIES
-
+from .params import DT_MAX_DEFAULT, LinOSSParams
 
 
 def _logit(p: float) -> float:
     return math.log(p) - math.log1p(-p)
 
 
-class LinOSS(CoreBase):
-    capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES)
-    ssm_params: ClassVar[tuple[str, ...]] = ("A_diag", "steps")
-    paths: ClassVar[dict[str, tuple[str, ...]]] = {"recurrent": ("scan",)}
-    prefer: ClassVar[tuple[str, ...]] = ("recurrent",)
-    reference: ClassVar[dict[str, str]] = {"scan": "naive"}
+class LinOSS(CoreBase, params=LinOSSParams):
+    ssm_params = ("A_diag", "steps")
+    paths = {"recurrent": ("scan",)}
+    reference = {"scan": "naive"}
     # The scan sees real tensors only (B's real and imaginary parts as a state dimension).
-    problem: ClassVar[Problem] = Problem(structure="block2x2", lti=True, complex=False)
+    problem = Problem(structure="block2x2", lti=True, complex=False)
 
     def __init__(
         self,
@@ -65,16 +61,7 @@ class LinOSS(CoreBase):
         dtype: Any = None,
     ) -> None:
         super().__init__()
-        problems = init_problems(d_state=d_state, discretizer=discretizer, A_min=A_min, A_max=A_max,
-                                 dt_min=dt_min, dt_max=dt_max, dt_scale=dt_scale)
-        if problems:
-            raise ValueError("LinOSS: " + "; ".join(problems))
-        registry = get_registry()
-        disc = registry.discretizer(discretizer)
-        if "block2x2" not in disc.structures:
-            raise ValueError(f"LinOSS: discretizer {discretizer!r} handles {'/'.join(sorted(disc.structures))} "
-                             "systems, not the 'block2x2' oscillator blocks LinOSS needs; use 'linoss-im' or 'linoss-imex'")
-        self._discretize = disc.load()
+        self._discretize = self.discretizer_for(discretizer)
         # Δ²A bound of the chosen scheme, or None when it is stable for every A ≥ 0 (IM).
         self.dt2A_max: float | None = getattr(self._discretize, "dt2A_max", None)
         self.discretizer = discretizer
@@ -87,7 +74,6 @@ class LinOSS(CoreBase):
         self.B = nn.Parameter((2 * torch.rand(P, H, 2, **kw) - 1) / math.sqrt(H))  # (P, H, R)
         self.C = nn.Parameter((2 * torch.rand(H, P, 2, **kw) - 1) / math.sqrt(P))  # (H, P, R)
         self.D = nn.Parameter(torch.randn(H, **kw))  # (H,)
-        self.backend_choice = self.resolve_backend(backend, who="core 'linoss'", device=device)
 
     # parameters -> discrete system ------------------------------------------------------
     def stiffness(self) -> Tensor:
@@ -97,7 +83,7 @@ class LinOSS(CoreBase):
         return torch.sigmoid(self.steps) * self.dt_scale  # (P,)
 
     def _discrete(self, B: Tensor) -> Discrete:
-        return self._discretize(self.stiffness(), B, self.dt(), structure="block2x2")
+        return self._discretize(self.stiffness(), B, self.dt())
 
     def check_stability(self) -> float:
         """Return max Δ²A over the oscillators; raise ``UnstableDiscretizationError`` if the scheme's
@@ -124,7 +110,7 @@ class LinOSS(CoreBase):
         if state is not None:
             h = state["h"]  # (B, P, K) complex
             h0 = torch.stack([h.real, h.imag], 1).to(W.dtype)  # (B, R, P, K)
-        hs, h_last = self.backend_choice.fn("scan")(d.a, f, h0, structure="block2x2")  # (B, L, R, P, K)
+        hs, h_last = self.ops.scan(d.a, f, h0)  # (B, L, R, P, K)
         C = torch.stack([self.C[..., 0], -self.C[..., 1]])  # (R, H, P): Re(Cy) = C_re y_re − C_im y_im
         y = torch.einsum("blrp,rhp->blh", hs[..., 1], C) + self.D * x  # (B, L, H)
         return y.to(x.dtype), {"h": torch.complex(h_last[:, 0], h_last[:, 1])}  # h (B, P, K)
@@ -146,7 +132,6 @@ class LinOSS(CoreBase):
         dtype = dtype if dtype.is_complex else complex_dtype(dtype)
         return {"h": torch.zeros(batch_size, self.d_state, 2, dtype=dtype, device=device or self.D.device)}
 
-    # capabilities ----------------------------------------------------------------------
     def rescale_dt(self, factor: float) -> None:
         """Multiply every Δ by ``factor`` (2.0: the input is sampled at half the rate).
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from zoo_core import hookimpl
+from zoo_core.hookspecs import RegisterCore, RegisterDiscretizer, hookimpl
 
 from .params import LinOSSParams
 
 zoo_api = 1
-
-CAPABILITIES = ("step", "initial_state", "lti", "complex_params", "continuous_time")
 
 CARD = """LinOSS (Rusch & Rus 2025): P uncoupled forced oscillators y'' = −Ay + Bu, o = Re(Cy) + Du,
 A = ReLU(A_diag) ≥ 0, Δ = sigmoid(steps) per oscillator, B and C complex; implicit Euler (IM,
@@ -17,7 +15,7 @@ transition is scanned as is (never diagonalised: A = 0 makes it a Jordan block).
 
 
 @hookimpl
-def zoo_register_cores(register):  # type: ignore[no-untyped-def]
+def zoo_register_cores(register: RegisterCore) -> None:
     register(
         "linoss",
         "zoo_linoss.core:LinOSS",
@@ -27,13 +25,12 @@ def zoo_register_cores(register):  # type: ignore[no-untyped-def]
             "paper": {"d_state": 64},
             "imex": {"d_state": 64, "discretizer": "linoss-imex"},
         },
-        capabilities=CAPABILITIES,
         card=CARD,
     )
 
 
 @hookimpl
-def zoo_register_discretizers(register):  # type: ignore[no-untyped-def]
+def zoo_register_discretizers(register: RegisterDiscretizer) -> None:
     register("linoss-im", "zoo_linoss.discretize:linoss_im", structures=("block2x2",),
              description="LinOSS implicit Euler: M = S[[1, −ΔA], [Δ, 1]], F = S[Δ, Δ²]·Bu, S = 1/(1 + Δ²A); "
                          "|eig| = (1 + Δ²A)^(−1/2), stable for every A ≥ 0")

@@ -29,17 +29,15 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from zoo_core.backends import BackendChoice, resolve
-from zoo_core.protocols import CoreBase, State, require_float
+from zoo_core.corebase import CoreBase, runs_path
+from zoo_core.protocols import State, require_float
 from zoo_core.registry import Problem
 
 from .deer import NewtonConvergenceError, NewtonResult, default_tol, newton_fixed_point, newton_step
-from .params import DEFAULT_MAX_ITER, ELASTANCES, ON_NONCONVERGENCE
-from .plugin import CAPABILITIES
+from .params import DEFAULT_MAX_ITER, LrcSSMParams
 
 F64 = torch.float64
 log = logging.getLogger("zoo_lrcssm")
-_LOGGED: set[tuple[str, str]] = set()
 
 # Reference order of the 13 draws (LRCU.__init__); weight_elastance_shift only when symmetric.
 _VECTOR_IN = ("weight_sensory_mu", "weight_sensory_sigma")  # (H,)
@@ -49,20 +47,14 @@ _VECTOR_STATE = ("weight_mu", "weight_sigma", "weight_w", "weight_h", "weight_gl
 _SHIFT = "weight_elastance_shift"  # (D,)
 
 
-class _SequentialChoice(BackendChoice):
-    def label(self) -> str:
-        return "sequential: loop over L (no scan)"
-
-
-class LrcSSM(CoreBase):
-    capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES)
-    # "sequential" uses no op: the reference loop. "deer" runs one diagonal scan per Newton step.
-    paths: ClassVar[dict[str, tuple[str, ...]]] = {"sequential": (), "deer": ("scan",)}
-    prefer: ClassVar[tuple[str, ...]] = ("sequential", "deer")
-    reference: ClassVar[dict[str, str]] = {}
-    problem: ClassVar[Problem] = Problem(structure="diag", lti=False, complex=False)
-    # What "auto" and "deer" pick for the scan inside Newton, per device type (benchmarks/REPORT_LRCSSM.md).
-    deer_scan: ClassVar[dict[str, str]] = {"cpu": "scan"}
+class LrcSSM(CoreBase, params=LrcSSMParams):
+    # "sequential" uses no op: the reference loop ("naive", {}). "deer" runs one diagonal scan per
+    # Newton step; "auto" picks it.
+    paths = {"deer": ("scan",), "sequential": ()}
+    reference = {}
+    problem = Problem(structure="diag", lti=False, complex=False)
+    # The scan "auto" and "deer" pick inside Newton, per device type (benchmarks/REPORT_LRCSSM.md).
+    auto_backends = {"cpu": {"scan": "scan"}}
     # Newton windows hold about this many state entries (B·W·D) per sweep, so a sweep's working
     # set stays in cache on a CPU; at least MIN_WINDOW steps. None: one window of L steps.
     window_elems: ClassVar[int | None] = 2**18
@@ -83,7 +75,6 @@ class LrcSSM(CoreBase):
         dtype: Any = None,
     ) -> None:
         super().__init__()
-        _check_args(elastance, dt, tol, max_iter, on_nonconvergence)
         real = dtype or torch.get_default_dtype()
         H, D = d_model, (d_state or d_model)
         self.d_model, self.d_state = H, D
@@ -99,28 +90,6 @@ class LrcSSM(CoreBase):
         self.out_proj = nn.Linear(D, H, dtype=F64).to(device=device, dtype=real) if D != H else None
         self.last_iterations: int | None = None  # Newton sweeps of the latest deer solve
         self.last_solve: NewtonResult | None = None  # its details (without the trajectory)
-        self.backend_choice = self.resolve_backend(backend, who="core 'lrcssm'", device=device)
-
-    # backend ----------------------------------------------------------------------------
-    def resolve_backend(self, setting: Any, *, who: str, device: Any = None) -> BackendChoice:
-        """'naive' (or {}): the sequential loop; 'deer' or 'auto': Newton with this device's
-        preferred scan; a scan backend name or {'scan': name}: Newton with that scan."""
-        kind = torch.device(device or "cpu").type
-        if setting == "naive" or setting == "sequential" or (isinstance(setting, Mapping) and not setting):
-            return _SequentialChoice("sequential", {}, f"{setting!r} requested: the reference loop")
-        if setting in ("deer", "auto"):
-            scan = self.deer_scan.get(kind, "auto")
-            problem = Problem(structure="diag", lti=False, complex=False, device=kind)
-            choice = resolve({"scan": scan} if scan != "auto" else "auto", paths={"deer": ("scan",)},
-                             prefer=("deer",), reference={"scan": "naive"}, problem=problem, who=who)
-            reason = (f"{setting!r}: Newton with the scan measured fastest inside it on {kind}" if scan != "auto"
-                      else f"{setting!r}: Newton with the {kind} default scan")
-            choice = BackendChoice("deer", choice.entries, reason)
-            if setting == "auto" and (kind, choice.label()) not in _LOGGED:
-                _LOGGED.add((kind, choice.label()))
-                log.info("%s: backend auto -> %s (%s)", who, choice.label(), reason)
-            return choice
-        return super().resolve_backend(setting, who=who, device=device)
 
     # the cell ---------------------------------------------------------------------------
     def drive(self, u: Tensor) -> tuple[Tensor, Tensor]:
@@ -178,6 +147,7 @@ class LrcSSM(CoreBase):
         return torch.addcmul(x, eps, self.weight_vleak * th - sf * x)  # (..., D)
 
     # solvers ----------------------------------------------------------------------------
+    @runs_path("sequential")
     def _solve_sequential(self, pf: Tensor, pz: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
         x, xs = h0, []
         for pf_t, pz_t in zip(pf.unbind(1), pz.unbind(1)):  # unbind: one backward node, not L slices
@@ -192,8 +162,9 @@ class LrcSSM(CoreBase):
         window = max(self.min_window, self.window_elems // (B * D))
         return window if window < L else None
 
+    @runs_path("deer")
     def _solve_deer(self, pf: Tensor, pz: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
-        scan = self.backend_choice.fn("scan")
+        scan = self.ops.scan
         tol = self.tol if self.tol is not None else default_tol(pf.dtype)
         B, L, D = pf.shape
         window = self._window(B, L, D)
@@ -226,8 +197,7 @@ class LrcSSM(CoreBase):
         u = x.to(self.weight_mu.dtype)  # (B, L, H)
         h0 = self.init_state(u.shape[0], dtype=u.dtype, device=u.device)["x"] if state is None else state["x"]
         pf, pz = self.drive(u)  # (B, L, D) each
-        solve = self._solve_deer if self.backend_choice.path == "deer" else self._solve_sequential
-        states, last = solve(pf, pz, h0.to(u.dtype))  # (B, L, D), (B, D)
+        states, last = self.run_path(pf, pz, h0.to(u.dtype))  # (B, L, D), (B, D)
         return self._out(states).to(x.dtype), {"x": last}
 
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
@@ -245,16 +215,3 @@ class LrcSSM(CoreBase):
                 f"tol={self.tol}, max_iter={self.max_iter}, on_nonconvergence={self.on_nonconvergence}, "
                 f"backend={self.backend_choice.label()}")
 
-
-def _check_args(elastance: str, dt: float, tol: float | None, max_iter: int, on_nonconvergence: str) -> None:
-    """The params model's rules, for direct construction (same messages' substance)."""
-    if elastance not in ELASTANCES:
-        raise ValueError(f"elastance must be one of {ELASTANCES}, got {elastance!r}")
-    if on_nonconvergence not in ON_NONCONVERGENCE:
-        raise ValueError(f"on_nonconvergence must be one of {ON_NONCONVERGENCE}, got {on_nonconvergence!r}")
-    if not (dt > 0 and math.isfinite(dt)):
-        raise ValueError(f"dt must be a positive finite number, got {dt}")
-    if tol is not None and not 0 < tol < 1:
-        raise ValueError(f"tol must lie in (0, 1) or be None (1e-4 float32, 1e-7 float64), got {tol}")
-    if not (isinstance(max_iter, int) and max_iter >= 1):
-        raise ValueError(f"max_iter must be a positive int, got {max_iter!r}")

@@ -29,11 +29,11 @@ import torch
 from torch import Tensor
 
 from zoo_core.errors import ZooError
+from zoo_core.protocols import ScanOp
 
 # (prev (B, L', D), *inputs (B, L', ...)) -> (F, J), both (B, L', D)
 StepAndJacobian = Callable[..., tuple[Tensor, Tensor]]
-# zoo_core.kernels.scan signature: (a, b, h0, *, structure) -> (h_all, h_last)
-Scan = Callable[..., tuple[Tensor, Tensor]]
+Scan = ScanOp  # a diagonal scan, structure bound: (a, b, h0) -> (h_all, h_last)
 
 CLIP = 1e8  # the reference clips iterates to ±1e8 and replaces NaN by 0 (elk/algs/deer.py)
 
@@ -114,7 +114,7 @@ def newton_fixed_point(
             old = x[:, start:end]  # (B, L', D)
             prev = torch.cat([h_start[:, None], old[:, :-1]], 1)  # (B, L', D)
             F, J = step_and_jacobian(prev, *(u[:, start:end] for u in inputs))  # (B, L', D) each
-            new, _ = scan(J, F - J * prev, h_start, structure="diag")  # (B, L', D); new_0 = F(h_start)
+            new, _ = scan(J, F - J * prev, h_start)  # (B, L', D); new_0 = F(h_start)
             new = new.nan_to_num_(nan=0.0, posinf=CLIP, neginf=-CLIP).clamp_(-CLIP, CLIP)
             change = (new - old).abs_().amax(dim=(0, 2))  # (L',)
             x[:, start:end] = new
@@ -154,6 +154,6 @@ def newton_step(
         F, J = step_and_jacobian(prev, *u_w)  # (B, W, D) each
         J = J.detach()
         # b_0 + J_0 h = F(shift) + J_0 (h − shift): h equals shift in value, and carries the gradient
-        y, h = scan(J, F - J * prev, h, structure="diag")  # (B, W, D), (B, D)
+        y, h = scan(J, F - J * prev, h)  # (B, W, D), (B, D)
         outs.append(y)
     return (outs[0] if len(outs) == 1 else torch.cat(outs, 1)), h

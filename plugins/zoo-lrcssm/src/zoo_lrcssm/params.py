@@ -1,19 +1,20 @@
-"""LrcSSM's params model: the constructor's keyword arguments (torch-free)."""
+"""LrcSSM's params model: the constructor's keyword arguments and the capabilities (torch-free)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from zoo_core.params import CoreParams
 
-ELASTANCES = ("asymmetric", "symmetric")
-ON_NONCONVERGENCE = ("fallback", "error")
 DEFAULT_MAX_ITER = 100
 
 
 class LrcSSMParams(CoreParams):
+    # Nonlinear and input-dependent: no "lti" (no convolution), real state, Δt fixed (no rescaling).
+    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state"})
+
     d_state: int | None = Field(
         None, ge=1, le=65536,
         description="state size D; None: D = d_model and the output is the state itself (the paper's "

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from zoo_core import hookimpl
+from zoo_core.hookspecs import RegisterCore, hookimpl
 
 from .params import LrcSSMParams
 
 zoo_api = 1
-
-# Nonlinear and input-dependent: no "lti" (no convolution), real state, Δt fixed (no rescaling).
-CAPABILITIES = ("step", "initial_state")
 
 CARD = """LrcSSM (Farsang, Hasani, Rus, Grosu 2025): a liquid-resistance liquid-capacitance neuron per
 state unit, x_t = x_{t−1} + ε(x_{t−1}) ⊙ (−σ(f) ⊙ x_{t−1} + v_L ⊙ tanh(zz)), with f and zz mixing
@@ -21,7 +18,7 @@ fixed point, which gives the implicit-function (exact) gradients."""
 
 
 @hookimpl
-def zoo_register_cores(register):  # type: ignore[no-untyped-def]
+def zoo_register_cores(register: RegisterCore) -> None:
     register(
         "lrcssm",
         "zoo_lrcssm.core:LrcSSM",
@@ -32,6 +29,5 @@ def zoo_register_cores(register):  # type: ignore[no-untyped-def]
             "paper": {"d_state": 64},  # run_*.sh: nstates 64 (= ninp_enc 64, so no output map)
             "symmetric": {"d_state": 64, "elastance": "symmetric"},
         },
-        capabilities=CAPABILITIES,
         card=CARD,
     )

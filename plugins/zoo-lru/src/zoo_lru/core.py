@@ -16,21 +16,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from zoo_core.protocols import CoreBase, State, complex_dtype, require_float
+from zoo_core.corebase import CoreBase
+from zoo_core.protocols import State, complex_dtype, require_float
 from zoo_core.registry import Problem
 
-from .plugin import CAPABILITIES
+from .params import LRUParams
 
 F64 = torch.float64
 _U_MIN = 1e-12  # u₁ = 0 would give |λ| = 0, ν = +∞ (and u₂ = 0 gives θ_log = −∞)
-_SSM_PARAMS = ("nu_log", "theta_log", "gamma_log", "B")  # minimal-LRU's "ssm" optimiser group
-
-
 
 def ring_init(N: int, r_min: float, r_max: float, max_phase: float) -> tuple[Tensor, Tensor, Tensor]:
     """ν_log, θ_log, γ_log (each (N,), float64) with |λ|² ~ U[r_min², r_max²], arg λ ~ U[0, max_phase].
@@ -46,13 +44,11 @@ def ring_init(N: int, r_min: float, r_max: float, max_phase: float) -> tuple[Ten
     return nu_log, theta_log, gamma_log
 
 
-class LRU(CoreBase):
-    capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES)
-    ssm_params: ClassVar[tuple[str, ...]] = _SSM_PARAMS  # minimal-LRU's "ssm" optimiser group
-    paths: ClassVar[dict[str, tuple[str, ...]]] = {"recurrent": ("scan",)}
-    prefer: ClassVar[tuple[str, ...]] = ("recurrent",)
-    reference: ClassVar[dict[str, str]] = {"scan": "naive"}
-    problem: ClassVar[Problem] = Problem(structure="diag", lti=True, complex=True)
+class LRU(CoreBase, params=LRUParams):
+    ssm_params = ("nu_log", "theta_log", "gamma_log", "B")  # minimal-LRU's "ssm" optimiser group
+    paths = {"recurrent": ("scan",)}
+    reference = {"scan": "naive"}
+    problem = Problem(structure="diag", lti=True, complex=True)
 
     def __init__(
         self,
@@ -81,7 +77,6 @@ class LRU(CoreBase):
         self.B = nn.Parameter((torch.randn(N, H, 2, dtype=F64) / math.sqrt(2 * H)).to(**kw))  # (N, H, 2)
         self.C = nn.Parameter((torch.randn(H, N, 2, dtype=F64) / math.sqrt(N)).to(**kw))  # (H, N, 2)
         self.D = nn.Parameter(torch.randn(H, dtype=F64).to(**kw))  # (H,)
-        self.backend_choice = self.resolve_backend(backend, who="core 'lru'", device=device)
 
     # parameters -> system ---------------------------------------------------------------
     def lam(self) -> Tensor:
@@ -99,14 +94,11 @@ class LRU(CoreBase):
         return h.real @ self.C[..., 0].T - h.imag @ self.C[..., 1].T  # (..., H)
 
     # sequence --------------------------------------------------------------------------
-    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
-        return self.forward_with_state(x, state)[0]
-
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         require_float(x, "LRU")
         h0 = None if state is None else state["h"]  # (B, N)
         bu = self._Bu(x)  # (B, L, N)
-        h, h_last = self.backend_choice.fn("scan")(self.lam()[None, None], bu, h0, structure="diag")  # (B, L, N)
+        h, h_last = self.ops.scan(self.lam()[None, None], bu, h0)  # (B, L, N)
         y = self._Cx(h) + self.D * x  # (B, L, H)
         return y.to(x.dtype), {"h": h_last}
 
@@ -121,7 +113,6 @@ class LRU(CoreBase):
         real = dtype or self.D.dtype
         return {"h": torch.zeros(batch_size, self.d_state, dtype=complex_dtype(real), device=device or self.D.device)}
 
-    # capabilities ----------------------------------------------------------------------
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, d_state={self.d_state}, r_min={self.r_min}, r_max={self.r_max}, "
                 f"max_phase={self.max_phase}, backend={self.backend_choice.label()}")

@@ -1,15 +1,19 @@
-"""LRU's params model: the constructor's keyword arguments (torch-free)."""
+"""LRU's params model: the constructor's keyword arguments and the capabilities (torch-free)."""
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from zoo_core.params import CoreParams
+from zoo_core.params import CoreParams, SsmLr
 
 
-class LRUParams(CoreParams):
+class LRUParams(CoreParams, SsmLr):
+    # Discrete-time: no step size Δ, so no "continuous_time" (the sampling rate cannot be rescaled).
+    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "lti", "complex_params"})
+
     d_state: int = Field(64, ge=1, le=4096, description="number of complex states N (one recurrence shared by all H features)")
     r_min: float = Field(0.0, ge=0.0, lt=1.0, allow_inf_nan=False,
                          description="inner radius of the ring init: |λ|² ~ U[r_min², r_max²]")

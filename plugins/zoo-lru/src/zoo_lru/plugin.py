@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from zoo_core import hookimpl
+from zoo_core.hookspecs import RegisterCore, hookimpl
 
 from .params import LRUParams
 
 zoo_api = 1
-
-# Discrete-time: no step size Δ, so no "continuous_time" (the sampling rate cannot be rescaled).
-CAPABILITIES = ("step", "initial_state", "lti", "complex_params")
 
 CARD = """LRU (Orvieto, Smith, Gu, Fernando, Gulcehre, Pascanu, De 2023): one diagonal complex
 recurrence shared by all H features (MIMO), λ = exp(−e^ν + i e^θ) with a ring initialisation
@@ -19,7 +16,7 @@ parallel scan for training, the same recurrence for streaming."""
 
 
 @hookimpl
-def zoo_register_cores(register):  # type: ignore[no-untyped-def]
+def zoo_register_cores(register: RegisterCore) -> None:
     register(
         "lru",
         "zoo_lru.core:LRU",
@@ -30,6 +27,5 @@ def zoo_register_cores(register):  # type: ignore[no-untyped-def]
             "paper": {"d_state": 64},
             "minimal-lru": {"d_state": 128},  # minimal-LRU run_train.py default d_hidden
         },
-        capabilities=CAPABILITIES,
         card=CARD,
     )

@@ -27,26 +27,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo_core.protocols import CoreBase, OptimHint, State
+from zoo_core.corebase import CoreBase
+from zoo_core.protocols import OptimHint, State
 from zoo_core.registry import Problem
 
-from .plugin import CAPABILITIES
+from .params import MambaParams, resolve_rank
 from .scan import selective_step
-
-# Short names a spec may use for this plugin's scan backends.
-ALIASES = {"scan": "selective-chunked", "cuda": "selective-cuda"}
-
-
-def _alias(setting: str | Mapping[str, str]) -> str | dict[str, str]:
-    if isinstance(setting, str):
-        return ALIASES.get(setting, setting)
-    return {op: ALIASES.get(name, name) for op, name in setting.items()}
 
 
 class _Bias(nn.Module):
@@ -63,12 +55,18 @@ def dt_bias_init(n: int, dt_min: float, dt_max: float, floor: float) -> Tensor:
     return dt + torch.log(-torch.expm1(-dt))  # y + log(1 − e^{−y}) = softplus⁻¹(y)
 
 
-class Mamba(CoreBase):
-    capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES)
-    paths: ClassVar[dict[str, tuple[str, ...]]] = {"selective": ("scan",)}
-    prefer: ClassVar[tuple[str, ...]] = ("selective",)
-    reference: ClassVar[dict[str, str]] = {"scan": "selective-naive"}
-    problem: ClassVar[Problem] = Problem(structure="selective", lti=False)
+def _refuse_half(x: Tensor, weight: Tensor) -> None:
+    """Half-precision input to a float32/float64 core is refused naming the dtype (not a matmul
+    dtype error); a core built in that dtype (``dtype=torch.bfloat16``) takes it."""
+    if x.dtype in (torch.float16, torch.bfloat16) and x.dtype != weight.dtype:
+        raise TypeError(f"Mamba built in {weight.dtype} got {x.dtype} input; cast it with x.to({weight.dtype}), "
+                        f"or build the core with dtype={x.dtype} (mixed precision is not supported yet)")
+
+
+class Mamba(CoreBase, params=MambaParams):
+    paths = {"selective": ("scan",)}
+    reference = {"scan": "selective-naive"}
+    problem = Problem(structure="selective", lti=False)
 
     def __init__(
         self,
@@ -94,15 +92,10 @@ class Mamba(CoreBase):
         dtype: Any = None,
     ) -> None:
         super().__init__()
-        from .params import MambaParams  # the same checks as a spec gets
-
-        p = MambaParams(d_model=d_model, d_state=d_state, d_conv=d_conv, expand=expand, dt_rank=dt_rank,
-                        dt_min=dt_min, dt_max=dt_max, dt_init=dt_init, dt_scale=dt_scale, dt_init_floor=dt_init_floor,
-                        conv_bias=conv_bias, bias=bias, tv_dt=tv_dt, tv_B=tv_B, tv_C=tv_C, use_D=use_D, backend=backend)
         real = dtype or torch.get_default_dtype()
         kw = {"device": device, "dtype": real}
         fp32 = {"device": device, "dtype": torch.promote_types(real, torch.float32)}  # A_log, D: never half
-        Di, N, K, R = p.d_inner, d_state, d_conv, p.rank()
+        Di, N, K, R = expand * d_model, d_state, d_conv, resolve_rank(d_model, dt_rank)
         self.d_model, self.d_state, self.d_conv, self.expand, self.d_inner, self.dt_rank = d_model, N, K, expand, Di, R
         self.tv_dt, self.tv_B, self.tv_C, self.use_D = tv_dt, tv_B, tv_C, use_D
         self.in_proj = nn.Linear(d_model, 2 * Di, bias=bias, **kw)
@@ -128,7 +121,6 @@ class Mamba(CoreBase):
         self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1, **fp32)).repeat(Di, 1))  # (Di, N) S4D-real
         self.D = nn.Parameter(torch.ones(Di, **fp32)) if use_D else None
         self.out_proj = nn.Linear(Di, d_model, bias=bias, **kw)
-        self.backend_choice = self.resolve_backend(_alias(backend), who="core 'mamba'", device=device)
 
     # pieces ------------------------------------------------------------------------------
     def _dt_B_C(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -146,6 +138,7 @@ class Mamba(CoreBase):
     # sequence ----------------------------------------------------------------------------
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         """x (Bt, L, H) -> y (Bt, L, H) and the state after the last step."""
+        _refuse_half(x, self.in_proj.weight)
         Bt, L, _ = x.shape
         xi, z = self.in_proj(x).chunk(2, dim=-1)  # (Bt, L, Di) each
         past = (x.new_zeros(Bt, self.d_inner, self.d_conv - 1) if state is None else state["conv"]).to(xi.dtype)
@@ -154,13 +147,14 @@ class Mamba(CoreBase):
         u = F.silu(xc).transpose(1, 2)  # (Bt, L, Di)
         delta, B, C = self._dt_B_C(u)
         h0 = None if state is None else state["ssm"]
-        y, h = self.backend_choice.fn("scan")(u, delta, self.A(), B, C, self.D, h0)  # (Bt, L, Di), (Bt, Di, N)
+        y, h = self.ops.selective_scan(u, delta, self.A(), B, C, self.D, h0)  # (Bt, L, Di), (Bt, Di, N)
         out = self.out_proj(y * F.silu(z))  # (Bt, L, H)
         return out, {"conv": seq[..., L:].contiguous(), "ssm": h}  # a copy: no view pins seq
 
     # streaming ---------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         """x_t (Bt, H) -> y_t (Bt, H); a constant-size state."""
+        _refuse_half(x_t, self.in_proj.weight)
         xi, z = self.in_proj(x_t).chunk(2, dim=-1)  # (Bt, Di) each
         window = torch.cat([state["conv"].to(xi.dtype), xi[..., None]], dim=-1)  # (Bt, Di, K)
         xc = (window * self.conv1d.weight[:, 0]).sum(-1)  # (Bt, Di)

@@ -7,22 +7,24 @@ are MambaSL's switches (§11): a false ``tv_*`` makes that quantity time-invaria
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from zoo_core.params import CoreParams
+from zoo_core.params import CoreParams, DtRange
 
 
-class MambaParams(CoreParams):
+class MambaParams(CoreParams, DtRange):
+    # Selective (input-dependent): no "lti". Δ is an input-dependent function, not a step size that a
+    # sampling rate could rescale, so no "continuous_time".
+    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state"})
+
     d_state: int = Field(16, ge=1, le=1024, description="state size N per inner channel")
     d_conv: int = Field(4, ge=1, le=1024, description="kernel width K of the causal depthwise convolution")
     expand: int = Field(2, ge=1, le=64, description="inner width Di = expand · d_model")
     dt_rank: Literal["auto"] | int = Field(
         "auto", description="rank R of Δ's projection; 'auto' is ceil(d_model / 16)"
     )
-    dt_min: float = Field(1e-3, gt=0.0, allow_inf_nan=False, description="smallest initial Δ (log-uniform init)")
-    dt_max: float = Field(0.1, gt=0.0, allow_inf_nan=False, description="largest initial Δ (log-uniform init)")
     dt_init: Literal["random", "constant"] = Field(
         "random", description="dt_proj.weight init: U[±dt_scale/√R] ('random') or the constant dt_scale/√R"
     )
@@ -37,8 +39,6 @@ class MambaParams(CoreParams):
 
     @model_validator(mode="after")
     def _check(self) -> MambaParams:
-        if self.dt_min > self.dt_max:
-            raise ValueError(f"dt_min ({self.dt_min}) must not exceed dt_max ({self.dt_max}); e.g. dt_min: 0.001, dt_max: 0.1")
         d_inner = self.expand * self.d_model
         if d_inner > 262_144:
             raise ValueError(f"expand · d_model = {self.expand} · {self.d_model} = {d_inner} inner channels is more than 262144; lower expand")
@@ -58,4 +58,9 @@ class MambaParams(CoreParams):
 
     def rank(self) -> int:
         """dt_rank with 'auto' resolved."""
-        return math.ceil(self.d_model / 16) if self.dt_rank == "auto" else int(self.dt_rank)
+        return resolve_rank(self.d_model, self.dt_rank)
+
+
+def resolve_rank(d_model: int, dt_rank: str | int) -> int:
+    """Δ's projection rank R: ceil(d_model / 16) for 'auto' (mamba_ssm's rule)."""
+    return math.ceil(d_model / 16) if dt_rank == "auto" else int(dt_rank)

@@ -5,15 +5,12 @@ Metadata only: model code is imported when a model is built (or a backend/conver
 
 from __future__ import annotations
 
-from zoo_core import hookimpl
+from zoo_core.hookspecs import RegisterBackend, RegisterCore, RegisterSimple, hookimpl
+from zoo_core.registry import Problem
 
 from .params import MambaParams
 
 zoo_api = 1
-
-# Selective (input-dependent): no "lti". Δ is an input-dependent function, not a step size that a
-# sampling rate could rescale, so no "continuous_time".
-CAPABILITIES = ("step", "initial_state")
 
 CARD = """Mamba-1 (Gu & Dao 2024): a selective state space mixer. in_proj to (x, z), causal
 depthwise conv1d + SiLU, x_proj to (Δ-rank, B, C), Δ = softplus(dt_proj(·)), A = −exp(A_log)
@@ -34,13 +31,13 @@ PRESETS = {
 }
 
 
-def _selective(p):  # type: ignore[no-untyped-def]
+def _selective(p: Problem) -> str | None:
     if p.structure != "selective":
         return f"it computes Mamba's selective scan (structure 'selective'), not a {p.structure!r} recurrence"
     return None
 
 
-def _cuda(p):  # type: ignore[no-untyped-def]
+def _cuda(p: Problem) -> str | None:
     reason = _selective(p)
     if reason is None and p.device != "cuda":
         reason = f"mamba-ssm's fused kernel runs on CUDA tensors only, not {p.device!r}"
@@ -52,25 +49,25 @@ def _cuda(p):  # type: ignore[no-untyped-def]
 
 
 @hookimpl
-def zoo_register_cores(register):  # type: ignore[no-untyped-def]
-    register("mamba", "zoo_mamba.core:Mamba", params=MambaParams, presets=PRESETS, capabilities=CAPABILITIES, card=CARD)
+def zoo_register_cores(register: RegisterCore) -> None:
+    register("mamba", "zoo_mamba.core:Mamba", params=MambaParams, presets=PRESETS, card=CARD)
 
 
 @hookimpl
-def zoo_register_backends(register):  # type: ignore[no-untyped-def]
+def zoo_register_backends(register: RegisterBackend) -> None:
     register("selective-naive", "scan", "zoo_mamba.scan:selective_scan_naive", priority=0, supports=_selective,
              description="Mamba's selective scan, reference: the sequential loop under autograd, float32 accumulation")
     register("selective-chunked", "scan", "zoo_mamba.scan:selective_scan_chunked", priority=10, supports=_selective,
-             description="Mamba's selective scan in chunks with a recomputing backward (reverse scan per chunk); "
-                         "never holds B·L·D·N; spec name 'scan'")
+             aliases=("scan",), description="Mamba's selective scan in chunks with a recomputing backward (reverse scan "
+                                            "per chunk); never holds B·L·D·N; spec name 'scan'")
     register("selective-cuda", "scan", "zoo_mamba.scan:selective_scan_cuda", priority=20, supports=_cuda,
-             requires=("mamba_ssm",),
+             requires=("mamba_ssm",), aliases=("cuda",),
              description="Mamba's selective scan by mamba-ssm's fused CUDA kernel (GPU tensors, after a run-time "
                          "check); optional: pip install mamba-ssm; spec name 'cuda'")
 
 
 @hookimpl
-def zoo_register_converters(register):  # type: ignore[no-untyped-def]
+def zoo_register_converters(register: RegisterSimple) -> None:
     register("transformers-mamba", "zoo_mamba.convert:TRANSFORMERS",
              description="Hugging Face transformers MambaForCausalLM folders (config.json + model.safetensors)")
     register("mamba-ssm", "zoo_mamba.convert:MAMBA_SSM",

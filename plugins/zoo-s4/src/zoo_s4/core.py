@@ -17,31 +17,29 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from zoo_core.corebase import CoreBase
 from zoo_core.init.diag import log_uniform_dt
 from zoo_core.init.hippo import dplr_legs
 from zoo_core.kernels.dplr import DPLRStep, StepMatrices, c_from_ctilde, ctilde_from_c
 from zoo_core.kernels.systems import DPLRSystem
-from zoo_core.protocols import CoreBase, State, complex_dtype, require_float
+from zoo_core.protocols import State, complex_dtype, require_float
 from zoo_core.registry import Problem
 
-from .plugin import CAPABILITIES
+from .params import S4Params
 
 log = logging.getLogger(__name__)
 
 
-
-class S4(CoreBase):
-    capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES)
-    ssm_params: ClassVar[tuple[str, ...]] = ("log_dt", "log_A_real", "A_imag", "P", "B")
-    paths: ClassVar[dict[str, tuple[str, ...]]] = {"conv": ("kernel", "conv")}
-    prefer: ClassVar[tuple[str, ...]] = ("conv",)
-    reference: ClassVar[dict[str, str]] = {"kernel": "naive", "conv": "naive"}
-    problem: ClassVar[Problem] = Problem(structure="dplr", lti=True, complex=True)
+class S4(CoreBase, params=S4Params):
+    ssm_params = ("log_dt", "log_A_real", "A_imag", "P", "B")
+    paths = {"conv": ("kernel", "conv")}
+    reference = {"kernel": "naive", "conv": "naive"}
+    problem = Problem(structure="dplr", lti=True, complex=True)
 
     def __init__(
         self,
@@ -59,8 +57,6 @@ class S4(CoreBase):
     ) -> None:
         super().__init__()
         real = dtype or torch.get_default_dtype()
-        if d_state % 2:
-            raise ValueError(f"d_state must be even (N/2 conjugate pairs are stored), got {d_state}")
         H, M = d_model, d_state // 2
         self.d_model, self.d_state, self.l_max = d_model, d_state, l_max
         self.dt_scale, self.ssm_lr = float(dt_scale), ssm_lr
@@ -76,7 +72,6 @@ class S4(CoreBase):
         self.B = nn.Parameter(torch.view_as_real(b.contiguous()).to(**kw))  # (H, M, 2)
         self.C = nn.Parameter(torch.view_as_real(ct).to(**kw))  # (H, M, 2)  holds C̃
         self.D = nn.Parameter(torch.randn(H, **kw))  # (H,)
-        self.backend_choice = self.resolve_backend(backend, who="core 's4'", device=device)
         self._step_cache: tuple[Any, StepMatrices] | None = None
 
     # parameters -> system ----------------------------------------------------------------
@@ -108,8 +103,8 @@ class S4(CoreBase):
         require_float(x, "S4")
         L = x.shape[1]
         system, kernel_len = self.system(L)
-        K = self.backend_choice.fn("kernel")(system, kernel_len)[:, :L]  # (H, L)
-        y = self.backend_choice.fn("conv")(x, K.to(x.dtype)) + x * self.D  # (B, L, H)
+        K = self.ops.kernel(system, kernel_len)[:, :L]  # (H, L)
+        y = self.ops.conv(x, K.to(x.dtype)) + x * self.D  # (B, L, H)
         h0 = None if state is None else state["h"]
         if h0 is None and not want_state:
             return y, None
@@ -144,6 +139,5 @@ class S4(CoreBase):
         return {"h": torch.zeros(batch_size, self.d_model, self.d_state // 2,
                                  dtype=complex_dtype(real), device=device or self.D.device)}
 
-    # capabilities ----------------------------------------------------------------------
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, d_state={self.d_state}, l_max={self.l_max}, backend={self.backend_choice.label()}"

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from zoo_core import hookimpl
+from zoo_core.hookspecs import RegisterCore, hookimpl
 
 from .params import S4Params
 
 zoo_api = 1
-
-CAPABILITIES = ("step", "initial_state", "lti", "complex_params", "continuous_time")
 
 CARD = """S4 (Gu, Goel, Ré 2022): one SISO state space model per channel with the HiPPO-LegS matrix in
 diagonal-plus-low-rank form A = Λ − PP*, bilinear discretisation, the learned output vector C̃,
@@ -16,7 +14,7 @@ kernels by the Cauchy/Woodbury algorithm at the roots of unity, O(N) recurrent s
 
 
 @hookimpl
-def zoo_register_cores(register):  # type: ignore[no-untyped-def]
+def zoo_register_cores(register: RegisterCore) -> None:
     register(
         "s4",
         "zoo_s4.core:S4",
@@ -27,6 +25,5 @@ def zoo_register_cores(register):  # type: ignore[no-untyped-def]
             "base": {"d_state": 64, "l_max": 1024},
             "pathx": {"d_state": 64, "l_max": 16384, "dt_min": 1e-4, "dt_max": 1e-2},
         },
-        capabilities=CAPABILITIES,
         card=CARD,
     )

@@ -23,15 +23,14 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from zoo_core.corebase import CoreBase
 from zoo_core.errors import ZooError
 from zoo_core.init.diag import log_uniform_dt
-from zoo_core.plugins import get_registry
-from zoo_core.protocols import CoreBase, State, complex_dtype, require_float
+from zoo_core.protocols import State, complex_dtype, require_float
 from zoo_core.registry import Problem
 
 from .init import block_hippo_n, init_B_tilde, init_C_tilde
-from .params import check_dt, check_state
-from .plugin import BIDIRECTIONAL_CAPABILITIES, CAPABILITIES
+from .params import S5BidirectionalParams, S5Params
 
 CLIP = -1e-4  # clip_eigs: Re Λ ≤ −1e-4 keeps ZOH's (Λ̄ − 1)/Λ finite and |Λ̄| < 1
 
@@ -40,7 +39,6 @@ class NotCausalError(ZooError, NotImplementedError):
     """A non-causal core was asked to stream (step, init_state, or a carried state)."""
 
     exit_code = 2
-
 
 
 def _project(x: Tensor, w: Tensor) -> Tensor:
@@ -54,15 +52,13 @@ def _readout(h: Tensor, C: Tensor) -> Tensor:
     return 2 * (h.real @ C.real.T - h.imag @ C.imag.T)
 
 
-class S5(CoreBase):
+class S5(CoreBase, params=S5Params):
     """Causal S5: streams with ``step`` and carries ``{"h": (B, P) complex}`` between chunks."""
 
-    capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES)
-    ssm_params: ClassVar[tuple[str, ...]] = ("Lambda_re", "Lambda_im", "B", "log_step")
-    paths: ClassVar[dict[str, tuple[str, ...]]] = {"recurrent": ("scan",)}
-    prefer: ClassVar[tuple[str, ...]] = ("recurrent",)
-    reference: ClassVar[dict[str, str]] = {"scan": "naive"}
-    problem: ClassVar[Problem] = Problem(structure="diag", lti=True, complex=True)
+    ssm_params = ("Lambda_re", "Lambda_im", "B", "log_step")
+    paths = {"recurrent": ("scan",)}
+    reference = {"scan": "naive"}
+    problem = Problem(structure="diag", lti=True, complex=True)
     bidirectional: ClassVar[bool] = False
 
     def __init__(
@@ -83,8 +79,6 @@ class S5(CoreBase):
         dtype: Any = None,
     ) -> None:
         super().__init__()
-        check_state(d_state, blocks)
-        check_dt(dt_min, dt_max)
         real = dtype or torch.get_default_dtype()
         kw = {"device": device, "dtype": real}
         H, P = d_model, d_state // 2
@@ -99,14 +93,8 @@ class S5(CoreBase):
             self.C_reverse = nn.Parameter(torch.view_as_real(init_C_tilde(c_init, V, H)).to(**kw))  # (H, P, 2)
         self.D = nn.Parameter(torch.randn(H, dtype=torch.float64).to(**kw))  # (H,)
         self.log_step = nn.Parameter(log_uniform_dt(P, dt_min, dt_max, dtype=real).to(device))  # (P,)
-        registry = get_registry()
-        disc = registry.discretizer(discretizer)
-        if "diag" not in disc.structures:
-            raise ValueError(f"discretizer {discretizer!r} does not handle diagonal systems")
         self.discretizer = discretizer
-        self._discretize = disc.load()
-        name = "s5-bidirectional" if self.bidirectional else "s5"
-        self.backend_choice = self.resolve_backend(backend, who=f"core {name!r}", device=device)
+        self._discretize = self.discretizer_for(discretizer)
 
     # parameters -> discrete system ------------------------------------------------------
     def Lambda(self) -> Tensor:
@@ -125,28 +113,22 @@ class S5(CoreBase):
         column of ones and g scales B̃; Λ̄ and g are computed once per state, not per feature.
         """
         lam = self.Lambda()[:, None]  # (P, 1)
-        d = self._discretize(lam, torch.ones_like(lam), self.step_sizes()[:, None], structure="diag")
+        d = self._discretize(lam, torch.ones_like(lam), self.step_sizes()[:, None])
         return d.a[:, 0], d.b * torch.view_as_complex(self.B)  # (P,), (P, H)
 
     # sequence --------------------------------------------------------------------------
-    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
-        return self._run(x, state)[0]
-
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         y, h = self._run(x, state)
         return y, {"h": h}
-
-    def _scan(self, a: Tensor, bu: Tensor, h0: Tensor | None) -> tuple[Tensor, Tensor]:
-        return self.backend_choice.fn("scan")(a, bu, h0, structure="diag")  # (B, L, P), (B, P)
 
     def _run(self, x: Tensor, state: State | None) -> tuple[Tensor, Tensor]:
         require_float(x, type(self).__name__)
         a, b = self.discrete()  # (P,), (P, H)
         bu = _project(x, b)  # (B, L, P)
-        h, h_last = self._scan(a, bu, None if state is None else state["h"])  # (B, L, P), (B, P)
+        h, h_last = self.ops.scan(a, bu, None if state is None else state["h"])  # (B, L, P), (B, P)
         y = _readout(h, torch.view_as_complex(self.C))  # (B, L, H)
         if self.bidirectional:
-            h_rev, _ = self._scan(a, bu.flip(1), None)  # (B, L, P) in reversed time
+            h_rev, _ = self.ops.scan(a, bu.flip(1), None)  # (B, L, P) in reversed time
             y = y + _readout(h_rev.flip(1), torch.view_as_complex(self.C_reverse))
         return (y + x * self.D).to(x.dtype), h_last
 
@@ -163,13 +145,12 @@ class S5(CoreBase):
         return {"h": torch.zeros(batch_size, self.d_state // 2, dtype=complex_dtype(real),
                                  device=device or self.D.device)}
 
-    # capabilities ----------------------------------------------------------------------
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, d_state={self.d_state}, blocks={self.blocks}, c_init={self.c_init}, "
                 f"discretizer={self.discretizer}, backend={self.backend_choice.label()}")
 
 
-class S5Bidirectional(S5):
+class S5Bidirectional(S5, params=S5BidirectionalParams):
     """S5 with a second, reverse-time scan (shared Λ̄, B̄; own readout ``C_reverse``).
 
     The output at t depends on inputs after t, so there is no causal streaming mode: ``step`` and
@@ -177,7 +158,6 @@ class S5Bidirectional(S5):
     (it returns an empty one: nothing can be carried into a later chunk).
     """
 
-    capabilities: ClassVar[frozenset[str]] = frozenset(BIDIRECTIONAL_CAPABILITIES)
     bidirectional: ClassVar[bool] = True
 
     def _refuse(self, what: str) -> NotCausalError:
@@ -191,9 +171,6 @@ class S5Bidirectional(S5):
         if state is not None:
             raise self._refuse("continue from a carried state")
         return self._run(x, None)[0], {}
-
-    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
-        return self.forward_with_state(x, state)[0]
 
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         raise self._refuse("step one token at a time")

@@ -1,20 +1,12 @@
-"""Registers the S5 cores. Metadata only: the model code is imported when a model is built.
-
-Two names, because capabilities belong to a class: ``s5`` is causal and streams (``step``,
-``initial_state``); ``s5-bidirectional`` adds a reverse-time scan, so it cannot stream and does
-not declare those capabilities.
-"""
+"""Registers the S5 cores. Metadata only: the model code is imported when a model is built."""
 
 from __future__ import annotations
 
-from zoo_core import hookimpl
+from zoo_core.hookspecs import RegisterCore, hookimpl
 
-from .params import S5Params
+from .params import S5BidirectionalParams, S5Params
 
 zoo_api = 1
-
-CAPABILITIES = ("step", "initial_state", "lti", "complex_params", "continuous_time")
-BIDIRECTIONAL_CAPABILITIES = ("lti", "complex_params", "continuous_time")
 
 PRESETS = {
     "tiny": {"d_state": 8, "blocks": 2},
@@ -35,8 +27,7 @@ own readout, y_t = 2Re(C̃₁x_t + C̃₂x^rev_t) + Du_t. Non-causal, so it has 
 
 
 @hookimpl
-def zoo_register_cores(register):  # type: ignore[no-untyped-def]
-    register("s5", "zoo_s5.core:S5", params=S5Params, presets=PRESETS,
-             capabilities=CAPABILITIES, card=CARD)
-    register("s5-bidirectional", "zoo_s5.core:S5Bidirectional", params=S5Params, presets=PRESETS,
-             capabilities=BIDIRECTIONAL_CAPABILITIES, card=BIDIRECTIONAL_CARD)
+def zoo_register_cores(register: RegisterCore) -> None:
+    register("s5", "zoo_s5.core:S5", params=S5Params, presets=PRESETS, card=CARD)
+    register("s5-bidirectional", "zoo_s5.core:S5Bidirectional", params=S5BidirectionalParams, presets=PRESETS,
+             card=BIDIRECTIONAL_CARD)
