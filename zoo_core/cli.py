@@ -273,7 +273,7 @@ def add_memory_flags(s: argparse.ArgumentParser) -> None:
 
 # zoo-core's own command groups, each a module with ``register_cli(subparsers)`` that imports
 # nothing heavy at load time (``zoo --help`` stays torch-free).
-BUILTIN_COMMANDS = ("zoo_core.train.cli", "zoo_core.hub.cli", "zoo_core.convert", "zoo_core.generate_cli")
+BUILTIN_COMMANDS = ("zoo_core.train.cli", "zoo_core.hub.cli", "zoo_core.convert", "zoo_core.generate_cli", "zoo_core.scaffold")
 
 
 def _builtin_commands(sub: Any) -> None:

@@ -36,6 +36,12 @@ class SpecError(ZooError, ValueError):
     exit_code = 2
 
 
+class UsageError(ZooError, ValueError):
+    """A command was given arguments it cannot act on (a malformed name, a folder that is in the way)."""
+
+    exit_code = 2
+
+
 class UnknownNameError(ZooError, KeyError):
     """A registry lookup failed; the message lists close names."""
 
