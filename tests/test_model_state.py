@@ -84,3 +84,10 @@ def test_states_of_the_wrong_kind_are_refused_with_the_fix():
         ModelState.unflatten({"layer0.h": torch.zeros(1)})  # no input.t
     with pytest.raises(ValueError, match="unknown entries"):
         ModelState.unflatten({"input.t": torch.zeros(1, dtype=torch.long), "cache.k": torch.zeros(1)})
+
+
+def test_positions_that_keep_no_tensors_survive_with_the_depth_given():
+    state = ModelState(torch.zeros(1, dtype=torch.long), [{"h": torch.ones(1, 2)}, {}, {}])
+    assert ModelState.unflatten(state.flatten()).depth == 1  # the names alone cannot say
+    restored = ModelState.unflatten(state.flatten(), depth=3)
+    assert restored.depth == 3 and torch.equal(restored.layers[0]["h"], state.layers[0]["h"])

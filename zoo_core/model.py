@@ -50,6 +50,10 @@ def _check_lengths(lengths: Tensor | None, batch: int, steps: int) -> Tensor | N
 
 
 class SequenceModel(nn.Module):
+    """The assembled model (``zoo_core.build.build_model`` makes it from a spec): the parallel
+    path (``forward``, ``period_outputs``, ``adaptive``) and the streaming path (``step``,
+    ``forward_with_state``, ``adaptive_step``) over the same parts, chosen at build time."""
+
     def __init__(
         self,
         *,

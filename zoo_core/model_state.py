@@ -69,8 +69,9 @@ class ModelState:
         return flat
 
     @classmethod
-    def unflatten(cls, flat: dict[str, Tensor]) -> ModelState:
-        """The state ``flatten`` wrote (a layer whose core keeps no tensors is not recorded by it)."""
+    def unflatten(cls, flat: dict[str, Tensor], *, depth: int | None = None) -> ModelState:
+        """The state ``flatten`` wrote. ``depth``: how many depth positions it has, needed only when
+        the deepest ones keep no tensors (names record only positions that keep some)."""
         groups: dict[str, dict[str, Tensor]] = {}
         for key, value in flat.items():
             group, _, name = key.partition(".")
@@ -78,6 +79,7 @@ class ModelState:
         try:
             t = groups.pop("input")["t"]
             layers = _numbered(groups, "layer")
+            layers += [{} for _ in range((depth or 0) - len(layers))]
             pools = {depth: PoolState(**g) for depth, g in enumerate(_numbered(groups, "pool")) if g}
             reshape = ReshapeState(**groups.pop("reshape")) if "reshape" in groups else None
             adaptive = _adaptive(groups.pop("adaptive")) if "adaptive" in groups else None

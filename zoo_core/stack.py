@@ -3,6 +3,8 @@
 Letters: B batch, L length, H model width. ``blocks`` holds the distinct blocks only, so weights
 shared across depth exist (and are saved) once; ``schedule[i]`` is the block run at depth position
 i. One recurrent state is kept per depth position, even when positions share a block.
+``advance`` carries those states over a chunk of model steps and hands back the features at the
+depths the model reads (its streaming path, where adaptive depth reads several).
 
 Depth recurrence (seed 001, DESIGN §7):
 
