@@ -120,7 +120,7 @@ def special_families() -> list[Family]:
     if "mamba" in cores:
         out.append(Family("mamba/generate", "generate", "REPORT_MAMBA.md", peers.mamba_generate, lengths=(256,),
                           sizes={"H": 256, "N": 16}, batches=(1, 8), modes=("fwd",), memory=False,
-                          check=peers.check_generate, peer="transformers generate",
+                          check=peers.check_generate, reference="transformers generate", peer="transformers generate",
                           doc="greedy generation of L new tokens (16-token prompt), zoo vs transformers"))
     if "lrcssm" in cores:
         out.append(Family("lrcssm/tune", "tune", "REPORT_LRCSSM.md", peers.lrcssm_tune, lengths=(4096,),
@@ -132,11 +132,23 @@ def special_families() -> list[Family]:
                           sizes={"B": 32, "H": 64, "N": 64}, modes=("step",), prime=True, warm_L=16,
                           peer="ABCDEF-final", extra={"threads": 1},
                           doc="one optimiser step of ABCDEF vs AAAAAA (seed 001's depth recurrence)"))
-        out.append(Family("depth/adaptive", "adaptive", "REPORT_DEPTH.md", peers.depth_adaptive, lengths=(0,),
-                          sizes={"B": 0, "H": 64, "N": 64, "eps_milli": 10}, modes=("infer",), memory=False,
-                          extra={"threads": 1, "needs": "python -m benchmarks.repro.run_grid train --suite jv-lru"},
-                          doc="adaptive vs fixed depth on the trained JapaneseVowels models of benchmarks/repro"))
+        out += adaptive_families()
     return out
+
+
+def adaptive_families(models: list[dict[str, Any]] | None = None) -> list[Family]:
+    """``depth/adaptive/<pattern>-seed<seed>``: one per trained JapaneseVowels model of
+    benchmarks/repro (none trained here: one empty family that says how to train them)."""
+    needs = "python -m benchmarks.repro.run_grid train --suite jv-lru"
+    found = peers.trained_models() if models is None else models
+    base = Family("depth/adaptive", "adaptive", "REPORT_DEPTH.md", lambda: [], lengths=(0,),
+                  sizes={"B": 0, "H": 64, "N": 64, "eps_milli": 10}, modes=("infer",), memory=False,
+                  peer="fixed-6", extra={"threads": 1, "needs": needs},
+                  doc="adaptive vs fixed depth on the trained JapaneseVowels models of benchmarks/repro")
+    if not found:
+        return [base]
+    return [replace(base, name=f"depth/adaptive/{r['pattern']}-seed{r['seed']}",
+                    impls=lambda r=r: peers.depth_adaptive(r)) for r in found]
 
 
 STATE_BYTES = {"s5": 32 * 8, "lru": 64 * 8, "linoss": 256 * 4}  # scanned bytes per (b, t) at d_state=64
@@ -151,7 +163,7 @@ def families() -> dict[str, Family]:
 def select(pattern: str) -> list[Family]:
     """Families matching a glob ("s4d*", "*/layer") or a core name ("s5" = "s5/*")."""
     fams = families()
-    pats = [pattern] if any(c in pattern for c in "*?[/") else [pattern, f"{pattern}/*"]
+    pats = [pattern] if any(c in pattern for c in "*?[") else [pattern, f"{pattern}/*"]
     return [f for name, f in fams.items() if any(fnmatch.fnmatchcase(name, p) for p in pats)]
 
 

@@ -372,8 +372,17 @@ def check_generate(family: Family) -> Row:
 
 
 def _state_bytes(st: Any) -> int:
-    vals = st.values() if isinstance(st, dict) else [st]
-    return sum(_state_bytes(v) if not isinstance(v, Tensor) else v.numel() * v.element_size() for v in vals)
+    """Bytes of a decoding state: its tensors, whether the state is a flat dict or a typed
+    structure with ``flatten()`` (the model's streaming state)."""
+    if isinstance(st, Tensor):
+        return st.numel() * st.element_size()
+    if hasattr(st, "flatten") and not isinstance(st, (dict, list, tuple)):
+        st = st.flatten()
+    if isinstance(st, dict):
+        return sum(_state_bytes(v) for v in st.values())
+    if isinstance(st, (list, tuple)):
+        return sum(_state_bytes(v) for v in st)
+    return 0
 
 
 # ---------------------------------------------------------------------------------------
@@ -478,12 +487,11 @@ ADAPTIVE = {"fixed-6": None,
             "fixed-2 (AA)": {"stop_at": "block", "max_depth": 2, "min_depth": 2}}
 
 
-def depth_adaptive() -> list[Impl]:
-    """Each trained model on its own seed's test split: fixed depth 6, adaptive (stop after any
+def depth_adaptive(r: Row) -> list[Impl]:
+    """One trained model on its own seed's test split: fixed depth 6, adaptive (stop after any
     block, at most 12, ε = sizes["eps_milli"] / 1000) and exactly two blocks (the seed's "AA");
     accuracy, mean depth and counted FLOPs go into the row, latency is timed with counting off."""
-    return [Impl(f"{r['pattern']} seed {r['seed']}: {k}", _adaptive_build(r, k), agrees=False)
-            for r in trained_models() for k in ADAPTIVE]
+    return [Impl(k, _adaptive_build(r, k), agrees=False) for k in ADAPTIVE]
 
 
 @functools.cache

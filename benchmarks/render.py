@@ -131,7 +131,7 @@ REPORTS: dict[str, ReportSpec] = {s.name: s for s in (
                 "--out benchmarks/results/scan.jsonl",
                 f"{RUN} s5/layer linoss/layer --L 4096 --profile --out benchmarks/results/scan.jsonl"),
                peers={"layer": ("naive", "scan=naive"), "scanop": ("naive (scan op only)", "scan=naive")},
-               sections=((("scanop",), "The scan op alone (L=4096)"), (("profile",), "torch.profiler"),
+               sections=((("scanop",), "The scan op alone, on what each layer scans"), (("profile",), "torch.profiler"),
                          (("layer",), "Whole layer, every table"), (("memory",), "Peak memory")),
                columns={"scanop": _floor_cols()}, floors=_scan_floors,
                order=("naive", "scan", "chunked", "scan=naive", "scan=scan", "scan=chunked", "auto", "scan-N128",

@@ -106,6 +106,9 @@ def run(families: Sequence[Family], opts: Options) -> Path:
     t0 = time.perf_counter()
     history = History()
     for family in families:
+        if not family.impls():
+            print(f"{family.name}: nothing to run here ({family.extra.get('needs', 'no implementation')})", flush=True)
+            continue
         threads = set_threads(family, opts)
         out = Writer(opts.out, {"schema": 2, "bench": family.report, "family": family.name, "run": run_id,
                                 "threads": threads, "H": opts.H or family.sizes.get("H"),
