@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.harness import HERE
+from benchmarks.harness import ROOT
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -38,7 +38,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     r.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak-memory rows")
     r.add_argument("--no-check", action="store_true", help="skip the agreement check (not for published rows)")
     r.add_argument("--profile", action="store_true", help="record torch.profiler's top operators instead of timing")
-    r.add_argument("--out", type=Path, default=HERE / "results" / "scratch.jsonl")
+    r.add_argument("--out", type=Path, default=ROOT / "build" / "bench.jsonl",
+                   help="JSONL to append to (default: a git-ignored scratch file; the reports read "
+                        "benchmarks/results/<name>.jsonl)")
     rep = sub.add_parser("report", help="render benchmarks/REPORT*.md from their results")
     rep.add_argument("name", nargs="?", default=None, help="REPORT.md, REPORT_S4.md, ... (default: all)")
     rep.add_argument("--results", type=Path, default=None, help="read this JSONL instead of the report's own")
@@ -102,7 +104,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"no report {unknown[0]!r}; reports: {', '.join(REPORTS)}", file=sys.stderr)
         return 2
     for name in names:
-        print(f"wrote {write(name, args.results, args.out)}")
+        dest = write(name, args.results, args.out)
+        print(f"wrote {dest}" if dest else f"{name}: no results yet (benchmarks/results/{REPORTS[name].results}); "
+              "run its commands first")
     return 0
 
 

@@ -24,6 +24,8 @@ from benchmarks.cases import (
     zoo_layer,
 )
 
+# A core without sizes of its own (a new plugin, S5's bidirectional variant) is timed at these and
+# reported in REPORT_CORES.md.
 GENERIC: dict[str, Any] = {"lengths": (1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}}
 NAIVE_SCAN_MAX_L = 1024  # S4D's python-loop backend: forward only, L ≤ this (its backward walks L nodes)
 LAYER_SIZES: dict[str, dict[str, Any]] = {
@@ -72,7 +74,7 @@ def layer_family(core: str) -> Family:
     def ref() -> str:
         return reference_name(core)
 
-    return Family(f"{core}/layer", "layer", conf.get("report", f"REPORT_{core.upper()}.md"), impls,
+    return Family(f"{core}/layer", "layer", conf.get("report", "REPORT_CORES.md"), impls,
                   lengths=tuple(conf["lengths"]), sizes=conf["sizes"], modes=conf.get("modes", ("fwd", "fwdbwd")),
                   batches=conf.get("batches", ()), batch_for=conf.get("batch_for"), reference=ref,
                   peer=conf.get("peer", ref), memory=conf.get("memory", True), defaults=conf.get("defaults"),

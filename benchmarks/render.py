@@ -113,7 +113,7 @@ REPORTS: dict[str, ReportSpec] = {s.name: s for s in (
     ReportSpec("REPORT_S4.md", "S4 kernel benchmark: kernel_cauchy vs the naive kernel, a straightforward Cauchy "
                "and pykeops", "s4.jsonl",
                ("pip install pykeops  # optional; not a project dependency",
-                f"{RUN} s4/kernel --round-wait 30 --out benchmarks/results/s4.jsonl",
+                f"{RUN} s4/kernel --round-wait 30 --slow-repeats 3 --out benchmarks/results/s4.jsonl",
                 f"{RUN} s4/cauchy-parts --round-wait 30 --no-memory --out benchmarks/results/s4.jsonl",
                 f"{RUN} s4/layer --repeats 3 --out benchmarks/results/s4.jsonl"),
                peers={"kernel": ("kernel_dplr_naive", "kernel=naive")},
@@ -175,6 +175,9 @@ REPORTS: dict[str, ReportSpec] = {s.name: s for s in (
                                      ("FLOPs vs fixed-6",
                                       lambda r: f"{r['flops_ratio']:.2f}×" if "flops_ratio" in r else None))},
                order=("ABCDEF-final", "AAAAAA-final", "AAAAAA-blockwise", "fixed-6", "adaptive", "fixed-2 (AA)")),
+    ReportSpec("REPORT_CORES.md", "Every other core: each backend combination the registry serves", "cores.jsonl",
+               (f"{RUN} s5-bidirectional --out benchmarks/results/cores.jsonl  # and any core without a report",),
+               peers={}, sections=((("layer",), "One layer per core"), (("memory",), "Peak memory"))),
 )}
 
 
@@ -464,9 +467,12 @@ def render(spec: ReportSpec, path: Path | None = None, findings_dir: Path | None
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write(name: str, path: Path | None = None, out: Path | None = None) -> Path:
-    """Render one report into benchmarks/<name> (or ``out``)."""
+def write(name: str, path: Path | None = None, out: Path | None = None) -> Path | None:
+    """Render one report into benchmarks/<name> (or ``out``); None when it has no results yet."""
     spec = REPORTS[name]
+    path = path or HERE / "results" / spec.results
+    if not path.is_file():
+        return None
     dest = out or HERE / spec.name
     dest.write_text(render(spec, path), encoding="utf-8")
     return dest

@@ -50,7 +50,7 @@ class Options:
     slow_call_s: float = 8.0
     slow_repeats: int = 2
     max_mem_gib: float = 12.0
-    out: Path = ROOT / "benchmarks" / "results" / "scratch.jsonl"
+    out: Path = ROOT / "build" / "bench.jsonl"  # scratch (git-ignored); reports read benchmarks/results/
     argv: list[str] = field(default_factory=list)
 
 

@@ -151,3 +151,10 @@ def test_fmt_t_and_the_slow_call_prediction(bench: dict[str, ModuleType]) -> Non
     assert h.predict(key, 4096) == pytest.approx(16.0)
     h.points[key] = [(1024, 1.0)]
     assert h.predict(key, 4096) == pytest.approx(4.0) and h.predict(key, 512) is None
+
+
+def test_every_family_feeds_a_report_the_renderer_knows(bench: dict[str, ModuleType]) -> None:
+    """A family whose rows no report renders would be measured for nothing."""
+    reports = bench["render"].REPORTS
+    for name, fam in bench["catalog"].families().items():
+        assert fam.report in reports, f"{name} writes rows for {fam.report}, which no ReportSpec renders"
