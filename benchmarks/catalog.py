@@ -106,7 +106,7 @@ def special_families() -> list[Family]:
     if "s4" in cores:
         out.append(Family("s4/kernel", "kernel", "REPORT_S4.md", peers.s4_kernels, lengths=(1024, 4096, 16384),
                           sizes={"B": 0, "H": 256, "N": 64}, reference="kernel=cauchy", peer="kernel=naive",
-                          check=peers.check_kernels,
+                          check=peers.check_s4_kernels,
                           floors=lambda s: {"one (H, N, F) complex64": s["H"] * s["N"] * (s["L"] // 2 + 1) * 8,
                                             "(H, L) float32 output": s["H"] * s["L"] * 4},
                           doc="S4's kernel step alone: every DPLR kernel backend and a straightforward Cauchy"))

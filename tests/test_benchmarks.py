@@ -158,3 +158,20 @@ def test_every_family_feeds_a_report_the_renderer_knows(bench: dict[str, ModuleT
     reports = bench["render"].REPORTS
     for name, fam in bench["catalog"].families().items():
         assert fam.report in reports, f"{name} writes rows for {fam.report}, which no ReportSpec renders"
+
+
+def test_kernel_check_stops_a_wrong_kernel(bench: dict[str, ModuleType]) -> None:
+    cases = bench["cases"]
+    s4d = bench["catalog"].families()["s4d/kernel"]
+    good = next(i for i in s4d.impls() if i.name == "kernel=vandermonde")
+
+    def wrong(s: dict[str, int], mode: str) -> Any:
+        built = good.build(s, mode)
+        out = built.output
+        assert out is not None
+        built.output = lambda: 1.01 * out()
+        return built
+
+    fam = cases.with_impls(s4d, lambda: [cases.Impl("off by 1%", wrong)])
+    with pytest.raises(AssertionError, match="off by 1% L=37"):
+        fam.check(fam)  # type: ignore[misc]
