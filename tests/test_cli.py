@@ -150,6 +150,7 @@ def test_error_exit_codes_and_no_traceback(tmp_path):
         load_pretrained(tmp_path / "m")
 
 
+@pytest.mark.requires("aeon")
 def test_stream_demo_on_a_real_sequence(capsys):
     assert main(["stream", str(ROOT / "specs/s4d-basicmotions.yaml"), "--index", "3"]) == 0
     out = capsys.readouterr().out

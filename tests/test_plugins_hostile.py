@@ -14,44 +14,29 @@ import sys
 import textwrap
 import time
 import tomllib
-import types
 from pathlib import Path
 
 import pytest
 
-from zoo_core import hookimpl, hookspecs
+from zoo_core import hookspecs
 from zoo_core.errors import NameConflictError, PluginLoadError
 from zoo_core.params import CoreParams
 from zoo_core.plugins import PluginSource, _make_register, entry_point_sources, inline_source, load_registry
 from zoo_core.registry import Provider
+from zoo_core.testing.helpers import inline_plugin, model_spec, register_cores
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEC = {"schema_version": 1, "task": {"kind": "regression", "outputs": 1}, "input": {"channels": 2},
-        "model": {"d_model": 4, "depth": 1, "core": {"kind": "s4d", "preset": "tiny"}}}
+SPEC = model_spec("s4d", task={"kind": "regression", "outputs": 1}, inp={"channels": 2}, d_model=4, depth=1)
 
 
 REPO_PLUGINS = os.environ.get("ZOO_LOAD_PLUGINS", "")  # conftest's allow-list: the repository's plugins
 
 
-@pytest.fixture(autouse=True)
-def _no_allow_list(monkeypatch):
-    monkeypatch.delenv("ZOO_LOAD_PLUGINS", raising=False)
-
-
-def _plugin(name: str, **hooks) -> types.SimpleNamespace:
-    return types.SimpleNamespace(__name__=name, zoo_api=1, **{k: hookimpl(v) for k, v in hooks.items()})
-
-
-def _cores(*names: str, target: str = "zoo_core.testing.toys:ToyDiag"):
-    def zoo_register_cores(register):
-        for n in names:
-            register(n, target, params=CoreParams, presets={"tiny": {}})
-
-    return zoo_register_cores
+pytestmark = pytest.mark.usefixtures("no_allow_list")
 
 
 def _src(name: str, dist: str, *cores: str, version: str = "1.0") -> PluginSource:
-    return inline_source(name, _plugin(name, zoo_register_cores=_cores(*cores)), dist=dist, version=version)
+    return inline_source(name, inline_plugin(name, zoo_register_cores=register_cores(*cores)), dist=dist, version=version)
 
 
 def _installed() -> list[PluginSource]:
@@ -114,7 +99,7 @@ def test_zoo_core_keeps_its_own_names_with_proper_labels():
     def zoo_register_stacking_policies(register):
         register("periodic", "zoo_core.stacking:Independent", description="hijack")
 
-    sp = inline_source("sp", _plugin("sp", zoo_register_stacking_policies=zoo_register_stacking_policies), dist="zoo-sp")
+    sp = inline_source("sp", inline_plugin("sp", zoo_register_stacking_policies=zoo_register_stacking_policies), dist="zoo-sp")
     reg = load_registry([sp, *[s for s in _installed() if s.dist == "zoo-core"]])
     assert reg.stacking_policy("periodic").provider.dist == "zoo-core"
     note = next(p for p in reg.plugins if p.dist == "zoo-sp").conflicts[0]
@@ -146,7 +131,7 @@ def test_any_base_exception_costs_only_its_plugin(exc, when):
     if when == "import":
         bad = PluginSource("bad", "zoo-bad", "0.1", "zoo_bad", raising)
     else:
-        bad = inline_source("bad", _plugin("bad", zoo_register_cores=raising), dist="zoo-bad")
+        bad = inline_source("bad", inline_plugin("bad", zoo_register_cores=raising), dist="zoo-bad")
     good = _src("good", "zoo-good", "good-core")
     reg = load_registry([*[s for s in _installed() if s.dist == "zoo-core"], bad, good])
     info = next(p for p in reg.plugins if p.dist == "zoo-bad")
@@ -158,7 +143,7 @@ def test_a_real_ctrl_c_while_plugins_load_still_stops_the_command():
     def pressed():
         os.kill(os.getpid(), signal.SIGINT)  # what the terminal sends
         time.sleep(1)  # the handler raises here
-        return _plugin("late")
+        return inline_plugin("late")
 
     with pytest.raises(KeyboardInterrupt):
         load_registry([PluginSource("slow", "zoo-slow", "0.1", "zoo_slow", pressed)])
@@ -171,7 +156,7 @@ def test_torch_state_changed_by_a_plugin_is_restored_and_reported(caplog):
 
     def at_import():
         torch.set_default_dtype(torch.float64)
-        return _plugin("dt", zoo_register_cores=registering)
+        return inline_plugin("dt", zoo_register_cores=registering)
 
     def registering(register):
         torch.set_grad_enabled(False)
@@ -196,7 +181,7 @@ class NoBackendCore:
 def test_a_core_without_backend_names_its_plugin_at_build():
     from zoo_core.build import build_model
 
-    src = inline_source("nb", _plugin("nb", zoo_register_cores=_cores("nobackend", target=f"{__name__}:NoBackendCore")),
+    src = inline_source("nb", inline_plugin("nb", zoo_register_cores=register_cores("nobackend", target=f"{__name__}:NoBackendCore")),
                         dist="zoo-nobackend", version="0.3")
     reg = load_registry([*_installed(), src])
     spec = {**SPEC, "model": {**SPEC["model"], "core": {"kind": "nobackend", "preset": "tiny"}}}
@@ -209,7 +194,7 @@ def test_a_core_class_without_backend_fails_its_plugin_at_registration():
     def zoo_register_cores(register):
         register("nobackend", NoBackendCore, params=CoreParams, presets={"tiny": {}})
 
-    reg = load_registry([*_installed(), inline_source("nb", _plugin("nb", zoo_register_cores=zoo_register_cores), dist="zoo-nb")])
+    reg = load_registry([*_installed(), inline_source("nb", inline_plugin("nb", zoo_register_cores=zoo_register_cores), dist="zoo-nb")])
     info = reg.plugins[-1]
     assert info.status == "failed" and "does not accept backend" in info.error and "nobackend" not in reg.cores
 
@@ -365,7 +350,7 @@ def test_a_contested_dataset_or_converter_names_both_plugins_instead_of_unknown(
     def both(register):
         register("toyset", "zoo_core.datasets:load_uea_bundled", description="toy")
 
-    srcs = [inline_source(n, _plugin(n, zoo_register_datasets=both, zoo_register_converters=both), dist=f"zoo-{n}")
+    srcs = [inline_source(n, inline_plugin(n, zoo_register_datasets=both, zoo_register_converters=both), dist=f"zoo-{n}")
             for n in ("p", "q")]
     reg = load_registry([*[s for s in _installed() if s.dist == "zoo-core"], *srcs])
     for lookup in (lambda: resolve_name("toyset", reg), lambda: get_converter("toyset", registry=reg)):

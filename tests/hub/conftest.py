@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from zoo_core.testing.hub_server import WRITE_TOKEN, HubServer
+from zoo_core.testing.helpers import model_spec
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -102,12 +103,7 @@ def hf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
-SPEC = {
-    "schema_version": 1,
-    "task": {"kind": "classification", "classes": 3},
-    "input": {"channels": 2},
-    "model": {"d_model": 8, "depth": 2, "core": {"kind": "s4d", "preset": "tiny"}},
-}
+SPEC = model_spec("s4d", inp={"channels": 2}, d_model=8, depth=2)
 
 
 @pytest.fixture

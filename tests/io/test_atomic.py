@@ -19,6 +19,7 @@ import pytest
 
 from zoo_core.errors import CheckpointError
 from zoo_core.io.atomic import atomic_write_dir, atomic_write_file, recover_dir
+from zoo_core.testing.helpers import model_spec
 
 REPO = Path(__file__).resolve().parents[2]
 posix_only = pytest.mark.skipif(os.name != "posix", reason="POSIX rename/fsync/signals")
@@ -463,8 +464,7 @@ def _half_swapped_model(tmp_path: Path) -> Path:
     """A saved tiny model (BasicMotions-shaped) whose folder a killed save left aside as ``.m.old-<dead pid>-…``."""
     from zoo_core.build import build_model
 
-    spec = {"schema_version": 1, "task": {"kind": "classification", "classes": 4}, "input": {"channels": 6},
-            "model": {"d_model": 8, "depth": 1, "core": {"kind": "s4d", "preset": "tiny"}}}
+    spec = model_spec("s4d", task={"kind": "classification", "classes": 4}, inp={"channels": 6}, d_model=8, depth=1)
     target = tmp_path / "m"
     build_model(spec, seed=0).save_pretrained(str(target))
     os.rename(target, tmp_path / f".m.old-{dead_pid()}-0badc0de")
@@ -481,9 +481,9 @@ def test_zoo_pull_local_dir_recovers_a_half_swapped_folder(tmp_path: Path, capsy
 
 
 @posix_only
+@pytest.mark.requires("aeon")
 @pytest.mark.parametrize("form", ["local-dir:", ""])
 def test_zoo_eval_recovers_a_half_swapped_folder(tmp_path: Path, form: str, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("aeon")
     from zoo_core.train.cli import main
 
     target = _half_swapped_model(tmp_path)

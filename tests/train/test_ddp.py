@@ -18,8 +18,6 @@ from zoo_core.train.run import train
 
 from .conftest import tiny_spec
 
-pytest.importorskip("aeon")
-
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -28,6 +26,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.requires("aeon")
 def test_two_process_ddp_matches_single_process(tmp_path):
     # layer norm and no dropout: per-rank batch statistics or masks would differ by design
     spec = tiny_spec(tmp_path, training={"dataset": "BasicMotions", "epochs": 2, "batch_size": 8, "lr": 1e-2, "drop_last": False})

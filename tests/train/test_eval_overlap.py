@@ -19,13 +19,13 @@ from zoo_core.train.run import train
 
 from .conftest import tiny_spec
 
-pytest.importorskip("aeon")
 
 ROOT = Path(__file__).resolve().parents[2]
 TAG = "s4d-small.japanesevowels"
 CARD = {m.metric: m.value for m in load_catalogue(ROOT / "registry.yaml").entries[TAG].metrics}
 
 
+@pytest.mark.requires("aeon")
 def test_the_official_split_of_a_seed_split_model_is_refused_with_the_reason_and_the_fix(capsys):
     assert main(["eval", TAG, "--protocol", "official", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
@@ -34,11 +34,13 @@ def test_the_official_split_of_a_seed_split_model_is_refused_with_the_reason_and
     assert "Traceback" not in err
 
 
+@pytest.mark.requires("aeon")
 def test_another_seed_of_the_same_protocol_overlaps_too():
     with pytest.raises(SplitOverlapError, match="seed 1"):
         evaluate_model(TAG, seed=1, device="cpu")
 
 
+@pytest.mark.requires("aeon")
 def test_allow_overlap_scores_with_a_loud_warning_and_records_it(caplog, capsys):
     with caplog.at_level(logging.WARNING):
         assert main(["eval", TAG, "--protocol", "official", "--device", "cpu", "--allow-overlap"]) == 0
@@ -48,6 +50,7 @@ def test_allow_overlap_scores_with_a_loud_warning_and_records_it(caplog, capsys)
     assert any("NOT a held-out score" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.requires("aeon")
 def test_the_models_own_protocol_and_the_train_split_are_not_refused():
     got = evaluate_model(TAG, device="cpu")
     assert got["fixed_depth"]["accuracy"] == pytest.approx(CARD["accuracy"], abs=1e-6) and "overlap_with_training" not in got

@@ -15,7 +15,7 @@ from zoo_core.hub.catalogue import load_catalogue
 from zoo_core.train.evaluate import evaluate_split
 from zoo_core.train.protocol import make_splits
 
-pytest.importorskip("aeon")
+pytestmark = pytest.mark.requires("aeon")  # every test scores a bundled UEA set
 
 ROOT = Path(__file__).resolve().parents[2]
 TAG = "s4d-small.japanesevowels"
