@@ -14,7 +14,7 @@ from zoo_core.errors import SpecError
 from zoo_core.plugins import entry_point_sources, inline_source, load_registry
 from zoo_core.spec import load_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GOOD = """\
 schema_version: 1
 task: {kind: classification, classes: 3}

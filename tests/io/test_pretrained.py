@@ -15,13 +15,9 @@ from safetensors import safe_open
 from zoo_core.build import build_model
 from zoo_core.errors import CheckpointError
 from zoo_core.io.pretrained import WEIGHTS, load_pretrained, load_weights_file, save_pretrained
+from zoo_core.testing.helpers import model_spec
 
-SPEC = {
-    "schema_version": 1,
-    "task": {"kind": "classification", "classes": 3},
-    "input": {"channels": 2},
-    "model": {"d_model": 8, "depth": 4, "stacking": {"policy": "periodic", "period": 2}, "core": {"kind": "s4d", "preset": "tiny"}},
-}
+SPEC = model_spec("s4d", inp={"channels": 2}, d_model=8, depth=4, stacking={"policy": "periodic", "period": 2})
 
 
 def _snapshot(folder):
@@ -47,8 +43,7 @@ def test_round_trip_is_exact_and_self_describing(tmp_path):
 
 
 def test_tied_weights_saved_once(tmp_path):
-    spec = {"schema_version": 1, "task": {"kind": "lm"}, "input": {"vocab_size": 13},
-            "model": {"d_model": 8, "depth": 1, "tie_embeddings": True, "core": {"kind": "s4d", "preset": "tiny"}}}
+    spec = model_spec("s4d", task={"kind": "lm"}, inp={"vocab_size": 13}, d_model=8, depth=1, tie_embeddings=True)
     model = build_model(spec, seed=0).eval()
     save_pretrained(model, tmp_path / "lm")
     with safe_open(str(tmp_path / "lm" / WEIGHTS), "pt") as f:
