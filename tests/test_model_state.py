@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from zoo_core.build import build_model
+from zoo_core.errors import UsageError
 from zoo_core.model_state import AdaptiveStream, ModelState
 
 F64 = torch.float64
@@ -76,13 +77,13 @@ def test_an_adaptive_stream_round_trips_with_its_settings():
 def test_states_of_the_wrong_kind_are_refused_with_the_fix():
     plain = build_model(CASES["mean"], seed=0)
     reshaping = build_model(CASES["rechunk-time"], seed=0)
-    with pytest.raises(ValueError, match="adaptive_init_state"):
+    with pytest.raises(UsageError, match="adaptive_init_state"):
         plain.adaptive_step(torch.randn(1, 2), plain.init_state(1))
-    with pytest.raises(ValueError, match="no reshaping buffer"):
+    with pytest.raises(UsageError, match="no reshaping buffer"):
         reshaping.step(torch.randn(1, 5), plain.init_state(1))
-    with pytest.raises(ValueError, match="ModelState.flatten"):
+    with pytest.raises(UsageError, match="ModelState.flatten"):
         ModelState.unflatten({"layer0.h": torch.zeros(1)})  # no input.t
-    with pytest.raises(ValueError, match="unknown entries"):
+    with pytest.raises(UsageError, match="unknown entries"):
         ModelState.unflatten({"input.t": torch.zeros(1, dtype=torch.long), "cache.k": torch.zeros(1)})
 
 

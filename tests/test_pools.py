@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from zoo_core.build import build_model
+from zoo_core.errors import UsageError
 from zoo_core.pools import POOLS, LastPool, MeanLogitsPool, MeanPool, Pool, make_pool
 
 F64 = torch.float64
@@ -76,7 +77,7 @@ def test_pools_are_chosen_when_the_model_is_built():
 
 
 def test_an_unknown_pool_or_a_missing_running_state_says_what_to_do():
-    with pytest.raises(ValueError, match="unknown pool 'max'; choose one of"):
+    with pytest.raises(UsageError, match="unknown pool 'max'; choose one of"):
         make_pool("max")
-    with pytest.raises(ValueError, match="init_state"):
+    with pytest.raises(UsageError, match="init_state"):
         make_pool("mean").stream_read(None, None, None, _head())

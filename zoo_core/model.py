@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from .adaptive import AdaptiveConfig, AdaptiveResult, run_adaptive, stop_depths
 from .adaptive import prediction as read_prediction
+from .errors import UsageError
 from .model_state import AdaptiveStream, ModelState
 from .pools import Pool, PoolState
 from .reshape import InputReshaper, ReshapeState
@@ -188,7 +189,7 @@ class SequenceModel(nn.Module):
         ``max_depth`` and ``stop_at`` are fixed by ``adaptive_init_state`` (they shape the state);
         ``epsilon``, ``min_depth`` and ``prediction`` may change from step to step."""
         if state.adaptive is None:
-            raise ValueError("adaptive_step needs the state adaptive_init_state makes (one pool per checkpoint); "
+            raise UsageError("adaptive_step needs the state adaptive_init_state makes (one pool per checkpoint); "
                              "this one comes from init_state or forward_with_state")
         cfg = self._adaptive_cfg(epsilon=epsilon, max_depth=state.adaptive.max_depth, min_depth=min_depth,
                                  stop_at=state.adaptive.stop_at, prediction=prediction)
@@ -235,7 +236,7 @@ class SequenceModel(nn.Module):
         if self.reshaper is None:
             return raw, None, None
         if state is None:
-            raise ValueError("this model reshapes its input, and the state has no reshaping buffer; start the "
+            raise UsageError("this model reshapes its input, and the state has no reshaping buffer; start the "
                              "stream with this model's init_state")
         return self.reshaper.push(raw, state)
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from .errors import UsageError
 from .pools import PoolState
 from .protocols import State
 from .reshape import ReshapeState
@@ -84,9 +85,9 @@ class ModelState:
             reshape = ReshapeState(**groups.pop("reshape")) if "reshape" in groups else None
             adaptive = _adaptive(groups.pop("adaptive")) if "adaptive" in groups else None
         except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise ValueError(f"not a flattened model state ({exc}); make one with ModelState.flatten()") from exc
+            raise UsageError(f"not a flattened model state ({exc}); make one with ModelState.flatten()") from exc
         if groups:
-            raise ValueError(f"not a flattened model state: unknown entries {sorted(groups)}")
+            raise UsageError(f"not a flattened model state: unknown entries {sorted(groups)}")
         return cls(t, layers, pools, reshape, adaptive)
 
 

@@ -28,6 +28,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from .errors import UsageError
+
 Head = Callable[[Tensor], Tensor]
 
 
@@ -76,7 +78,7 @@ class Pool:
     def stream_read(self, state: PoolState | None, hn: Tensor | None, extra: Tensor | None, head: Head) -> Tensor:
         """The committed chunk's outputs (B, n, O); a per-step task has no incomplete steps."""
         if hn is None:
-            raise ValueError("a per-step readout needs the steps just committed (input reshaping needs a pooled task)")
+            raise UsageError("a per-step readout needs the steps just committed (input reshaping needs a pooled task)")
         return head(hn)
 
     def step_output(self, y: Tensor) -> Tensor:
@@ -171,12 +173,12 @@ POOLS: dict[str, type[Pool]] = {p.name: p for p in (MeanPool, LastPool, MeanLogi
 def make_pool(name: str) -> Pool:
     """The pool a spec's ``model.pool`` names."""
     if name not in POOLS:
-        raise ValueError(f"unknown pool {name!r}; choose one of {tuple(POOLS)}")
+        raise UsageError(f"unknown pool {name!r}; choose one of {tuple(POOLS)}")
     return POOLS[name]()
 
 
 def _require(state: PoolState | None, pool: Pool) -> PoolState:
     if state is None:
-        raise ValueError(f"the {pool.name!r} pool streams from a running pool state, and this state has none at the "
+        raise UsageError(f"the {pool.name!r} pool streams from a running pool state, and this state has none at the "
                          "depth read; start the stream with the model's init_state (or adaptive_init_state)")
     return state
