@@ -130,7 +130,7 @@ def _jv_spec(core: str):
     return load_spec(model_spec(core, task={"kind": "classification", "classes": 9}, inp={"channels": 12}, d_model=8, depth=1))
 
 
-@pytest.mark.parametrize("core", cores_with(without=["step"]))
+@pytest.mark.parametrize("core", cores_with(without=["causal"]))
 def test_unequal_lengths_refuse_a_non_causal_core(core):
     """Padding at the end reaches the valid steps of a bidirectional core: refused before training."""
     from zoo_core.train.run import check_model_fits, training_settings
@@ -140,7 +140,7 @@ def test_unequal_lengths_refuse_a_non_causal_core(core):
         check_model_fits(spec, training_settings(spec), get_dataset("JapaneseVowels"))
 
 
-@pytest.mark.parametrize("core", cores_with("step"))
+@pytest.mark.parametrize("core", cores_with("causal"))
 def test_unequal_lengths_accept_every_causal_core(core):
     from zoo_core.train.run import check_model_fits, training_settings
 
