@@ -25,7 +25,8 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from ..discretize import bilinear
-from .kernel import _check_length, kernel_naive
+from .naive import check_length as _check_length
+from .naive import naive_dense
 from .systems import DenseSystem, DPLRSystem
 
 # Entries of one (H, M, G) intermediate of kernel_cauchy: 2**18, i.e. 2 MiB in complex64 (4 MiB
@@ -139,7 +140,8 @@ def kernel_dplr_naive(system: DPLRSystem, L: int) -> Tensor:
     """
     Abar, Bbar = dplr_discrete_dense(system)  # (H, N, N), (H, N)
     C = _full(c_from_ctilde(system, L))  # (H, N)
-    return kernel_naive(DenseSystem(Abar, Bbar, C), L)
+    _check_length(L)
+    return naive_dense(DenseSystem(Abar, Bbar, C), L)
 
 
 def _nodes(L: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:

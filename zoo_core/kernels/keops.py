@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from .dplr import _cast, _nodes, kernel_cauchy
-from .kernel import _check_length
+from .naive import check_length as _check_length
 from .systems import DPLRSystem
 
 log = logging.getLogger(__name__)

@@ -15,40 +15,12 @@ import math
 import torch
 from torch import Tensor
 
+from .dplr import kernel_dplr_naive
+from .naive import check_length as _check_length
+from .naive import common as _common
+from .naive import naive_dense as _naive_dense
+from .naive import naive_diag as _naive_diag
 from .systems import DenseSystem, DiagSystem, DPLRSystem
-
-
-def _common(*xs: Tensor) -> tuple[Tensor, ...]:
-    """Cast tensors to their common (possibly complex) dtype."""
-    dtype = xs[0].dtype
-    for x in xs[1:]:
-        dtype = torch.promote_types(dtype, x.dtype)
-    return tuple(x.to(dtype) for x in xs)
-
-
-def _check_length(L: int) -> None:
-    if L < 1:
-        raise ValueError(f"kernel length L must be at least 1, got {L}")
-
-
-def _naive_diag(system: DiagSystem, L: int) -> Tensor:
-    log_a, w = _common(system.log_a, system.w)  # (H, N), (H, N)
-    a = torch.exp(log_a)  # (H, N)
-    x = w  # (H, N): w · a^l at step l
-    out = []
-    for _ in range(L):
-        out.append(torch.real(x.sum(-1)))  # (H)
-        x = a * x  # (H, N)
-    return torch.stack(out, -1)  # (H, L)
-
-
-def _naive_dense(system: DenseSystem, L: int) -> Tensor:
-    A, x, C = _common(system.A, system.B, system.C)  # (H, N, N), (H, N), (H, N)
-    out = []
-    for _ in range(L):
-        out.append(torch.real((C * x).sum(-1)))  # (H)
-        x = torch.einsum("hij,hj->hi", A, x)  # (H, N): Ā^l B̄
-    return torch.stack(out, -1)  # (H, L)
 
 
 def kernel_naive(system: DiagSystem | DenseSystem | DPLRSystem, L: int) -> Tensor:
@@ -68,8 +40,6 @@ def kernel_naive(system: DiagSystem | DenseSystem | DPLRSystem, L: int) -> Tenso
     if isinstance(system, DenseSystem):
         return _naive_dense(system, L)
     if isinstance(system, DPLRSystem):
-        from .dplr import kernel_dplr_naive  # here: dplr builds on this module
-
         return kernel_dplr_naive(system, L)
     raise TypeError(
         f"kernel_naive takes a DiagSystem, DenseSystem or DPLRSystem, got {type(system).__name__}"
