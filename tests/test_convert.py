@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from zoo_core import cli, hookimpl
+from zoo_core import hookimpl
+from zoo_core.cli import zoo as cli
 from zoo_core.build import build_model
 from zoo_core.convert import Converter, convert_checkpoint, detect_converter, get_converter, register_cli
 from zoo_core.errors import CheckpointError, PluginLoadError, SpecError, UnknownNameError

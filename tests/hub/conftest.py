@@ -115,10 +115,10 @@ def make_model():
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """``python -m zoo_core.hub.cli ARGS`` in a subprocess, loopback-only, with the current HF_* settings."""
+    """``python -m zoo_core.cli.hub ARGS`` in a subprocess, loopback-only, with the current HF_* settings."""
     full = {**os.environ, **(env or {}), "ZOO_TEST_LOOPBACK_ONLY": "1",
             "PYTHONPATH": os.pathsep.join([str(HERE / "_guard"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    return subprocess.run([sys.executable, "-m", "zoo_core.hub.cli", *args], capture_output=True, text=True, check=False,
+    return subprocess.run([sys.executable, "-m", "zoo_core.cli.hub", *args], capture_output=True, text=True, check=False,
                           env=full, timeout=timeout, cwd=ROOT)
 
 
@@ -146,7 +146,7 @@ def cache_problems(cache: Path, *, resumable: bool = False) -> list[str]:
 
 @pytest.fixture
 def cli():
-    """Run ``python -m zoo_core.hub.cli`` in a loopback-only subprocess."""
+    """Run ``python -m zoo_core.cli.hub`` in a loopback-only subprocess."""
     return run_cli
 
 

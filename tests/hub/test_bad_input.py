@@ -6,7 +6,7 @@ import pytest
 
 from zoo_core.errors import CheckpointError
 from zoo_core.hub import HubError, MissingPluginError, create_model, pull, push_to_hub
-from zoo_core.hub.cli import main
+from zoo_core.cli.hub import main
 from zoo_core.testing.hub_server import WRITE_TOKEN
 
 

@@ -473,7 +473,7 @@ def _half_swapped_model(tmp_path: Path) -> Path:
 
 @posix_only
 def test_zoo_pull_local_dir_recovers_a_half_swapped_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from zoo_core.hub.cli import main
+    from zoo_core.cli.hub import main
 
     target = _half_swapped_model(tmp_path)
     assert main(["pull", f"local-dir:{target}"]) == 0, capsys.readouterr().err
@@ -484,7 +484,7 @@ def test_zoo_pull_local_dir_recovers_a_half_swapped_folder(tmp_path: Path, capsy
 @pytest.mark.requires("aeon")
 @pytest.mark.parametrize("form", ["local-dir:", ""])
 def test_zoo_eval_recovers_a_half_swapped_folder(tmp_path: Path, form: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from zoo_core.train.cli import main
+    from zoo_core.cli.train import main
 
     target = _half_swapped_model(tmp_path)
     assert main(["eval", f"{form}{target}", "--dataset", "BasicMotions"]) == 0, capsys.readouterr().err

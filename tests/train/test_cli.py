@@ -7,7 +7,7 @@ import urllib.error
 
 import pytest
 
-from zoo_core.train.cli import main
+from zoo_core.cli.train import main
 
 from .conftest import tiny_spec
 

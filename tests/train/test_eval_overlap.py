@@ -12,7 +12,7 @@ import pytest
 
 from zoo_core.hookspecs import hookimpl
 from zoo_core.hub.catalogue import load_catalogue
-from zoo_core.train.cli import main
+from zoo_core.cli.train import main
 from zoo_core.train.evaluate import SplitOverlapError, evaluate_model
 from zoo_core.train.progress import Progress
 from zoo_core.train.run import train

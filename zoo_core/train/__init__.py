@@ -1,15 +1,15 @@
 """Training and evaluation: ``zoo train`` / ``zoo eval`` (the seed paper's protocol, DDP under torchrun).
 
 Public API: ``train`` (run.py), ``evaluate_model`` (evaluate.py), ``fit`` (loop.py, one run),
-``make_splits`` (protocol.py), ``register_cli`` (cli.py). Modules import torch, so import them
-lazily from the CLI.
+``make_splits`` (protocol.py). Modules import torch, so import them lazily from the CLI
+(``zoo_core.cli.train`` holds ``zoo train`` / ``zoo eval``; this package never imports it back).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["train", "evaluate_model", "make_splits", "register_cli"]
+__all__ = ["train", "evaluate_model", "make_splits"]
 
 
 def __getattr__(name: str) -> Any:
@@ -25,8 +25,4 @@ def __getattr__(name: str) -> Any:
         from .protocol import make_splits
 
         return make_splits
-    if name == "register_cli":
-        from .cli import register_cli
-
-        return register_cli
     raise AttributeError(name)

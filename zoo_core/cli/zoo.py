@@ -14,13 +14,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ZooError
+from ..errors import ZooError
+from .runner import add_memory_flags, run
 
 log = logging.getLogger("zoo_core.cli")
 
 
 def _registry() -> Any:
-    from .plugins import get_registry
+    from ..plugins import get_registry
 
     return get_registry()
 
@@ -52,7 +53,7 @@ def _rows(kind: str) -> list[dict[str, Any]]:
 
 def cmd_list(args: argparse.Namespace) -> int:
     if args.pretrained:
-        from .hub.cli import cmd_list_pretrained
+        from .hub import cmd_list_pretrained
 
         return cmd_list_pretrained(args)
     kinds = [args.kind] if args.kind else list(LIST_KINDS)
@@ -100,12 +101,12 @@ def _info_matches(reg: Any, name: str) -> list[dict[str, Any]]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from .errors import UnknownNameError, did_you_mean
+    from ..errors import UnknownNameError, did_you_mean
 
     reg = _registry()
     found = _info_matches(reg, args.name)
     if not found:  # arch.tag: a pretrained model in registry.yaml's catalogue?
-        from .hub.cli import cmd_info_pretrained
+        from .hub import cmd_info_pretrained
 
         try:
             return cmd_info_pretrained(args)
@@ -145,9 +146,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 # spec commands --------------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .spec import load_spec
+    from ..spec import load_spec
 
-    from .footprint import available_memory, estimate, fmt_bytes
+    from ..footprint import available_memory, estimate, fmt_bytes
 
     spec = load_spec(args.spec)
     m = spec.envelope.model
@@ -161,17 +162,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from .spec.jsonschema import full_schema
+    from ..spec.jsonschema import full_schema
 
     print(json.dumps(full_schema(_registry()), indent=2))
     return 0
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .build import build_model, summary
-    from .footprint import check_build
-    from .io.pretrained import check_destination
-    from .spec import load_spec
+    from ..build import build_model, summary
+    from ..footprint import check_build
+    from ..io.pretrained import check_destination
+    from ..spec import load_spec
 
     if args.output:
         check_destination(args.output)  # before building: a path under a file fails at once
@@ -186,8 +187,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .build import summary
-    from .io.pretrained import load_pretrained, read_folder
+    from ..build import summary
+    from ..io.pretrained import load_pretrained, read_folder
 
     _, info = read_folder(args.directory, allow_nonfinite=args.allow_nonfinite)
     model = load_pretrained(args.directory, allow_nonfinite=args.allow_nonfinite)
@@ -199,7 +200,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
-    from .demo import stream_demo
+    from ..demo import stream_demo
 
     return stream_demo(args.spec, dataset=args.dataset, index=args.index, seed=args.seed)
 
@@ -262,18 +263,9 @@ def _names_other_command(argv: Sequence[str] | None, builtin: Any) -> bool:
     return first is not None and first not in builtin
 
 
-def add_memory_flags(s: argparse.ArgumentParser) -> None:
-    """--memory-budget / --no-memory-check (zoo build, zoo train): the size check before allocating."""
-    s.add_argument("--memory-budget", metavar="SIZE",
-                   help="refuse models that need more than SIZE (e.g. 32GiB; default: $ZOO_MEMORY_BUDGET, else the "
-                        "memory available now)")
-    s.add_argument("--no-memory-check", dest="memory_check", action="store_false",
-                   help="build even when the estimate exceeds the budget")
-
-
 # zoo-core's own command groups, each a module with ``register_cli(subparsers)`` that imports
 # nothing heavy at load time (``zoo --help`` stays torch-free).
-BUILTIN_COMMANDS = ("zoo_core.train.cli", "zoo_core.hub.cli", "zoo_core.convert", "zoo_core.generate_cli", "zoo_core.scaffold")
+BUILTIN_COMMANDS = ("zoo_core.cli.train", "zoo_core.cli.hub", "zoo_core.convert", "zoo_core.generate_cli", "zoo_core.scaffold")
 
 
 def _builtin_commands(sub: Any) -> None:
@@ -285,7 +277,7 @@ def _builtin_commands(sub: Any) -> None:
 
 def _plugin_commands(sub: Any) -> None:
     """Let plugins add subcommands; a failing plugin loses only its own commands."""
-    from .plugins import call_command_hooks
+    from ..plugins import call_command_hooks
 
     try:
         problems = call_command_hooks(sub)
@@ -298,29 +290,3 @@ def _plugin_commands(sub: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     return run(_parser(argv), argv)
-
-
-def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv`` and run the chosen command with the zoo's logging, messages and exit codes.
-
-    ``parser`` needs a ``-v/--verbose`` flag and subcommands that set ``fn`` and ``command``
-    (``zoo`` itself, and the ``python -m zoo_core.train`` / ``python -m zoo_core.hub.cli`` entry points).
-    """
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    if not getattr(args, "fn", None):
-        parser.print_help()
-        return 2
-    try:
-        return int(args.fn(args) or 0)
-    except ZooError as exc:
-        if args.verbose:
-            raise
-        print(f"zoo {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except BrokenPipeError:
-        return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

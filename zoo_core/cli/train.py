@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
+from .runner import add_memory_flags, run
 
 
 def _floats(text: str) -> list[float]:
@@ -39,8 +40,8 @@ def _ints(text: str) -> list[int]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .progress import Progress
-    from .run import train
+    from ..train.progress import Progress
+    from ..train.run import train
 
     lr = args.lr[0] if args.lr is not None and len(args.lr) == 1 else args.lr
     overrides: dict[str, Any] = {
@@ -74,7 +75,7 @@ def _print_summary(metrics: dict[str, Any], output: str) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .evaluate import evaluate_model
+    from ..train.evaluate import evaluate_model
 
     options = {"epsilon": args.epsilon, "max_depth": args.max_depth, "min_depth": args.min_depth, "stop_at": args.stop_at}
     if not args.adaptive and any(v is not None for v in options.values()):
@@ -107,7 +108,6 @@ def register_cli(sub: Any) -> None:
     s.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     s.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     s.add_argument("-q", "--quiet", action="store_true")
-    from ..cli import add_memory_flags
 
     add_memory_flags(s)
     s.set_defaults(fn=cmd_train)
@@ -135,6 +135,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo_core.train")
     parser.add_argument("-v", "--verbose", action="store_true")
     register_cli(parser.add_subparsers(dest="command", required=True))
-    from ..cli import run
-
     return run(parser, argv)

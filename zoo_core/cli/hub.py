@@ -3,7 +3,7 @@
 
 ``register_cli(subparsers)`` adds push and pull to the ``zoo`` parser; ``cmd_list_pretrained`` and
 ``cmd_info_pretrained`` are what ``zoo list --pretrained`` and ``zoo info NAME`` call for catalogue
-names. ``python -m zoo_core.hub.cli`` runs the same commands on their own.
+names. ``python -m zoo_core.cli.hub`` runs the same commands on their own.
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .runner import run
+
 if TYPE_CHECKING:
-    from .api import PullResult
+    from ..hub.api import PullResult
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    from .api import push_to_hub
+    from ..hub.api import push_to_hub
 
     res = push_to_hub(args.directory, args.repo_id, revision=args.revision, private=True if args.private else None,
                       commit_message=args.commit_message, create_pr=args.create_pr)
@@ -32,7 +34,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from .api import pull
+    from ..hub.api import pull
 
     res = pull(args.ref, revision=args.revision, cache_dir=args.cache_dir, local_dir=args.local_dir,
                force_download=args.force_download, source=args.source, require_verified=args.require_verified or None)
@@ -83,7 +85,7 @@ def register_cli(subparsers: Any) -> None:
 
 def list_pretrained_rows(pattern: str = "*", *, path: str | None = None) -> list[dict[str, Any]]:
     """Rows of ``zoo list --pretrained``: one per catalogued ``arch.tag`` matching ``pattern``."""
-    from .catalogue import load_catalogue
+    from ..hub.catalogue import load_catalogue
 
     return [e.row() for e in load_catalogue(path).filter(pattern)]
 
@@ -104,7 +106,7 @@ def cmd_list_pretrained(args: argparse.Namespace) -> int:
 
 def info_pretrained(name: str, *, path: str | None = None) -> dict[str, Any]:
     """Everything the catalogue knows about ``arch.tag`` (or ``arch``'s default tag)."""
-    from .catalogue import load_catalogue
+    from ..hub.catalogue import load_catalogue
 
     e = load_catalogue(path).get(name)
     return {**e.row(), "kind": "pretrained", "spec": e.spec, "files": e.files, "card": str(e.card) if e.card else None,
@@ -123,13 +125,11 @@ def cmd_info_pretrained(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m zoo_core.hub.cli {push,pull} ...``: the same exit codes as ``zoo``."""
+    """``python -m zoo_core.cli.hub {push,pull} ...``: the same exit codes as ``zoo``."""
     parser = argparse.ArgumentParser(prog="zoo", description="SSM Zoo: push and pull pretrained models.")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     register_cli(sub)
-    from ..cli import run
-
     return run(parser, argv)
 
 
