@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from zoo_core.plugins import get_registry
-from zoo_core.registry import KNOWN_PLUGINS
+from zoo_core.plugin_catalogue import plugin_owners
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,11 +25,17 @@ def test_every_plugin_folder_is_catalogued_and_vice_versa():
         assert (ROOT / entry["card"]).is_file()
 
 
-def test_install_hints_match_the_catalogue():
+def test_install_hints_read_the_catalogue():
     cat = _catalogue()
-    for dist, entry in {**cat["plugins"], **cat["planned"]}.items():
-        for core in entry["cores"]:
-            assert KNOWN_PLUGINS[core] == dist
+    known = plugin_owners()
+    expected = {core: dist for dist, entry in {**cat["plugins"], **cat["planned"]}.items() for core in entry["cores"]}
+    assert known.owners == expected
+    assert known.planned == frozenset(cat["planned"])
+
+
+def test_install_hints_without_a_catalogue_name_nobody(tmp_path, monkeypatch):
+    monkeypatch.setenv("ZOO_REGISTRY", str(tmp_path / "missing.yaml"))
+    assert plugin_owners().owners == {}
 
 
 def test_every_registered_core_has_a_card_and_its_catalogue_entry():

@@ -9,37 +9,13 @@ and a claimant that lost a name has status ``conflict``; its other names stay re
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
-import yaml
-
-from .registry import KNOWN_PLUGINS, Conflict, Registry
+from .plugin_catalogue import plugin_owners
+from .registry import Conflict, Registry
 
 CORE_DIST = "zoo-core"
-log = logging.getLogger("zoo_core.plugins")
-
-
-def _catalogue_owners() -> dict[str, str]:
-    """core name -> the distribution ``registry.yaml`` names for it (its ``plugins:`` section), read
-    without torch; the built-in table when zoo-core runs without its checkout's registry.yaml."""
-    from .hub.catalogue import default_path
-
-    path = default_path()
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else None
-    except (OSError, yaml.YAMLError) as exc:
-        log.warning("cannot read the plugin catalogue %s (%s); using the built-in table of core owners", path, exc)
-        data = None
-    section = data.get("plugins") if isinstance(data, dict) else None
-    if not isinstance(section, dict):
-        return dict(KNOWN_PLUGINS)
-    owners: dict[str, str] = {}
-    for dist, entry in section.items():
-        for core in (entry or {}).get("cores", []) if isinstance(entry, dict) else []:
-            owners[str(core)] = str(dist)
-    return owners
 
 
 def _owner(kind: str, key: Any, claims: list[tuple[Any, Any]], owners: Callable[[], dict[str, str]]) -> tuple[Any, str]:
@@ -68,7 +44,7 @@ def resolve_claims(reg: Registry, staged: list[tuple[Any, dict[str, list[tuple[A
 
     def owners() -> dict[str, str]:  # registry.yaml is read only when a core is contested, and once
         if "owners" not in cache:
-            cache["owners"] = _catalogue_owners()
+            cache["owners"] = plugin_owners().owners
         return cache["owners"]
 
     for (kind, key), found in claims.items():

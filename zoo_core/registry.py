@@ -14,21 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import BackendUnavailableError, NameConflictError, PluginLoadError, UnknownNameError, did_you_mean
-
-# Distributions that provide the built-in families; used only for install hints.
-KNOWN_PLUGINS: dict[str, str] = {
-    "s4": "zoo-s4",
-    "s4d": "zoo-s4d",
-    "s5": "zoo-s5",
-    "s5-bidirectional": "zoo-s5",
-    "lru": "zoo-lru",
-    "linoss": "zoo-linoss",
-    "lrcssm": "zoo-lrcssm",
-    "mamba": "zoo-mamba",
-}
-
-# Distributions in KNOWN_PLUGINS that do not exist yet (registry.yaml: planned).
-PLANNED: frozenset[str] = frozenset()
+from .plugin_catalogue import plugin_owners
 
 OPS = ("kernel", "conv", "scan")
 
@@ -231,10 +217,10 @@ class Registry:
             return self.cores[name]
         self.refuse_conflict("cores", name)
         msg = f"unknown core {name!r};{did_you_mean(name, self.cores)}"
-        family = name.split("-")[0]
-        if name in KNOWN_PLUGINS or family in KNOWN_PLUGINS:
-            dist = KNOWN_PLUGINS.get(name) or KNOWN_PLUGINS[family]
-            if dist in PLANNED:
+        known = plugin_owners()
+        dist = known.owners.get(name) or known.owners.get(name.split("-")[0])
+        if dist is not None:
+            if dist in known.planned:
                 msg += f" it will be provided by the plugin {dist!r}, which is planned but not released yet."
             else:
                 msg += f" it is provided by the plugin {dist!r}, which is not installed: pip install -e plugins/{dist} (from a checkout) or pip install {dist}."

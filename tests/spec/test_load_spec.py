@@ -98,10 +98,14 @@ def test_bad_specs_name_file_line_key_and_fix(tmp_path, old, new, expect):
 
 
 def test_missing_plugin_gives_install_hint(tmp_path, monkeypatch):
-    from zoo_core import registry as registry_module
+    import yaml
 
-    monkeypatch.setitem(registry_module.KNOWN_PLUGINS, "hyena", "zoo-hyena")  # a family not released yet
-    monkeypatch.setattr(registry_module, "PLANNED", frozenset({"zoo-hyena"}))
+    from zoo_core.plugin_catalogue import default_path
+
+    catalogue = yaml.safe_load(default_path().read_text())
+    catalogue["planned"] = {"zoo-hyena": {"cores": ["hyena"]}}  # a family not released yet
+    (tmp_path / "registry.yaml").write_text(yaml.safe_dump(catalogue))
+    monkeypatch.setenv("ZOO_REGISTRY", str(tmp_path / "registry.yaml"))
     msg = error_of(tmp_path, GOOD.replace("kind: s4d", "kind: hyena").replace("    d_state: 8\n", ""))
     assert "zoo-hyena" in msg and "planned" in msg and "spec.yaml:9" in msg
     monkeypatch.setenv("ZOO_LOAD_PLUGINS", "")

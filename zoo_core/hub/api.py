@@ -526,7 +526,7 @@ def pull(ref: str, *, revision: str | None = None, cache_dir: str | os.PathLike[
 def check_plugins(folder: Path, *, where: str, registry: Any = None) -> None:
     """Refuse, with the install command, weights whose core's plugin is not installed."""
     from ..plugins import get_registry
-    from ..registry import KNOWN_PLUGINS
+    from ..plugin_catalogue import plugin_owners
 
     path = folder / CONFIG
     if not path.is_file():
@@ -541,7 +541,7 @@ def check_plugins(folder: Path, *, where: str, registry: Any = None) -> None:
         return
     reg.refuse_conflict("cores", kind)  # installed twice, kept by neither: not "missing"
     versions = {k: v for k, v in (config.get("versions") or {}).items() if k not in ("zoo-core", "torch")}
-    dist = KNOWN_PLUGINS.get(kind) or next(iter(versions), None)
+    dist = plugin_owners().owners.get(kind) or next(iter(versions), None)
     if dist is None:
         raise MissingPluginError(f"{where} holds weights for core {kind!r}, which no installed plugin provides and "
                                  "no known plugin is named for; install the plugin its author publishes, then retry")

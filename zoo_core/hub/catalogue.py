@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from ..errors import SpecError, UnknownNameError, did_you_mean
+from ..plugin_catalogue import default_path
 from .refs import _ARCH, _TAG, check_repo_id
 
 ENTRY_KEYS = {"default", "spec", "source", "files", "metrics", "card", "license", "datasets", "description", "tags"}
@@ -124,15 +125,6 @@ class Catalogue:
         for name in sorted(self.entries):
             if fnmatch.fnmatch(name, pattern):
                 yield self.entries[name]
-
-
-def default_path() -> Path | None:
-    """``$ZOO_REGISTRY``, else the ``registry.yaml`` of the checkout zoo_core runs from."""
-    env = os.environ.get("ZOO_REGISTRY")
-    if env:
-        return Path(env)
-    candidate = Path(__file__).resolve().parents[2] / "registry.yaml"
-    return candidate if candidate.is_file() else None
 
 
 def _fail(path: Path | None, where: str, message: str) -> SpecError:
