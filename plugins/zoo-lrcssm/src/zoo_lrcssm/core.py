@@ -59,6 +59,21 @@ class LrcSSM(CoreBase, params=LrcSSMParams):
     # set stays in cache on a CPU; at least MIN_WINDOW steps. None: one window of L steps.
     window_elems: ClassVar[int | None] = 2**18
     min_window: ClassVar[int] = 64
+    # The cell's parameters, registered by name in __init__ (the reference's names): declared so
+    # the type checker sees Parameters, not nn.Module.__getattr__'s Tensor | Module.
+    weight_sensory_mu: nn.Parameter  # (H,)
+    weight_sensory_sigma: nn.Parameter  # (H,)
+    weight_sensory_w: nn.Parameter  # (D, H)
+    weight_sensory_h: nn.Parameter  # (D, H)
+    weight_mu: nn.Parameter  # (D,)
+    weight_sigma: nn.Parameter  # (D,)
+    weight_w: nn.Parameter  # (D,)
+    weight_h: nn.Parameter  # (D,)
+    weight_gleak: nn.Parameter  # (D,)
+    weight_vleak: nn.Parameter  # (D,)
+    weight_elastance_kernel: nn.Parameter  # (D,)
+    weight_elastance_bias: nn.Parameter  # (D,)
+    weight_elastance_shift: nn.Parameter  # (D,) symmetric elastance only
 
     def __init__(
         self,

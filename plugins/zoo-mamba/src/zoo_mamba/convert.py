@@ -193,17 +193,18 @@ def _check_against_weights(arch: Arch, tensors: dict[str, Any], emb_key: str, wh
         problems.append(f"{n['n_layer']}: the config says {arch.n_layer} layers, the weights hold {len(layers)}")
     mixer = {k.split(".mixer.", 1)[1]: v for k, v in tensors.items() if k.startswith("backbone.layers.0.mixer.")}
     Di = arch.expand * arch.d_model
-    checks = [
-        ("in_proj.weight", 0, 2 * Di, n["expand"], f"{arch.expand} (inner width {Di})", lambda s: f"inner width {s // 2}"),
-        ("A_log", 1, arch.d_state, n["d_state"], str(arch.d_state), str),
-        ("conv1d.weight", 2, arch.d_conv, n["d_conv"], str(arch.d_conv), str),
+    # (key, dim, wanted size, config name, what the config says, how a found size reads, its divisor)
+    checks: list[tuple[str, int, int, str, str, str, int]] = [
+        ("in_proj.weight", 0, 2 * Di, n["expand"], f"{arch.expand} (inner width {Di})", "inner width ", 2),
+        ("A_log", 1, arch.d_state, n["d_state"], str(arch.d_state), "", 1),
+        ("conv1d.weight", 2, arch.d_conv, n["d_conv"], str(arch.d_conv), "", 1),
     ]
     if isinstance(arch.dt_rank, int):
-        checks.append(("dt_proj.weight", 1, arch.dt_rank, n["dt_rank"], str(arch.dt_rank), str))
-    for key, dim, want, name, said, found in checks:
+        checks.append(("dt_proj.weight", 1, arch.dt_rank, n["dt_rank"], str(arch.dt_rank), "", 1))
+    for key, dim, want, name, said, found, per in checks:
         t = mixer.get(key)
         if t is not None and t.dim() > dim and t.shape[dim] != want:
-            problems.append(f"{name}: the config says {said}, layer 0's mixer.{key} has {found(t.shape[dim])}")
+            problems.append(f"{name}: the config says {said}, layer 0's mixer.{key} has {found}{t.shape[dim] // per}")
     for key, flag, name in (("in_proj.bias", arch.bias, n["bias"]), ("conv1d.bias", arch.conv_bias, n["conv_bias"])):
         if mixer and (key in mixer) != flag:
             problems.append(f"{name}: the config says {flag}, but layer 0's mixer.{key} is {'present' if key in mixer else 'absent'}")

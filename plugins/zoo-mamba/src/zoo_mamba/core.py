@@ -67,6 +67,9 @@ class Mamba(CoreBase, params=MambaParams):
     paths = {"selective": ("scan",)}
     reference = {"scan": "selective-naive"}
     problem = Problem(structure="selective", lti=False)
+    # Present only when time-invariant (tv_B / tv_C false); declared for the type checker.
+    B: nn.Parameter  # (Di, N)
+    C: nn.Parameter  # (Di, N)
 
     def __init__(
         self,
@@ -125,12 +128,16 @@ class Mamba(CoreBase, params=MambaParams):
     # pieces ------------------------------------------------------------------------------
     def _dt_B_C(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Δ (..., Di), and B, C: (..., N) input-dependent or (Di, N), from x (..., Di)."""
-        dt_r, B, C = (self.x_proj(x).split(self._split, -1) if self.x_proj is not None else (None, None, None))
-        if self.tv_dt:
-            delta = F.softplus(self.dt_proj(dt_r))  # (..., Di)
-        else:
-            delta = F.softplus(self.dt_proj.bias).expand(x.shape)  # (..., Di), the same at every step
-        return delta, B if self.tv_B else self.B, C if self.tv_C else self.C
+        if self.x_proj is None:  # nothing input-dependent: Δ from dt_proj's bias, B and C fixed
+            return self._delta(x, x), self.B, self.C
+        dt_r, B, C = self.x_proj(x).split(self._split, -1)  # (..., R), (..., N), (..., N); width 0 where fixed
+        return self._delta(x, dt_r), B if self.tv_B else self.B, C if self.tv_C else self.C
+
+    def _delta(self, x: Tensor, dt_r: Tensor) -> Tensor:
+        """Δ (..., Di): from dt_r (..., R) through dt_proj, or its bias alone when Δ is time-invariant."""
+        if isinstance(self.dt_proj, _Bias):
+            return F.softplus(self.dt_proj.bias).expand(x.shape)  # (..., Di), the same at every step
+        return F.softplus(self.dt_proj(dt_r))  # (..., Di)
 
     def A(self) -> Tensor:
         return -torch.exp(self.A_log)  # (Di, N)

@@ -97,6 +97,7 @@ class S4(CoreBase, params=S4Params):
 
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         y, h = self._run(x, state, want_state=True)
+        assert h is not None, "every path returns the final state when asked for it"  # narrows the type
         return y, {"h": h}
 
     def _run(self, x: Tensor, state: State | None, want_state: bool) -> tuple[Tensor, Tensor | None]:

@@ -8,7 +8,7 @@ from .params import S5BidirectionalParams, S5Params
 
 zoo_api = 1
 
-PRESETS = {
+PRESETS: dict[str, dict[str, object]] = {
     "tiny": {"d_state": 8, "blocks": 2},
     "small": {"d_state": 32, "blocks": 4},
     "paper": {"d_state": 64, "blocks": 8},
