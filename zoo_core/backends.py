@@ -97,7 +97,7 @@ class BoundOps:
 
 
 def _auto(reg: Registry, op: str, problem: Problem) -> tuple[BackendEntry | None, list[str]]:
-    skipped = []
+    skipped: list[str] = []
     for entry in reg.backends_for(op, problem.device):
         reason = entry.supports(problem)
         if reason is None:
@@ -116,10 +116,10 @@ def _fill(reg: Registry, ops: Sequence[str], fixed: Mapping[str, str], problem: 
                 raise BackendUnavailableError(f"{op} backend {entry.name!r} cannot serve {who}: {reason}.")
             out[op] = entry
         else:
-            entry, skipped = _auto(reg, op, problem)
-            if entry is None:
+            found, skipped = _auto(reg, op, problem)
+            if found is None:
                 raise BackendUnavailableError(f"no {op} backend can serve {who}; tried " + "; ".join(skipped))
-            out[op] = entry
+            out[op] = found
     return out
 
 

@@ -17,7 +17,7 @@ from .errors import SpecError
 
 __all__ = ["generate", "filter_logits", "model_eos"]
 
-MODEL_EOS = "model"
+MODEL_EOS: Literal["model"] = "model"
 """``generate``'s default ``eos_token_id``: the model's own (its spec's ``task.eos_token_id``)."""
 
 

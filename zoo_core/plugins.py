@@ -213,7 +213,9 @@ def _make_register(kind: str, prov: Provider, out: list[tuple[Any, Any]]) -> Cal
     def register_simple(name: str, target: Any, *, description: str = "", **extra: Any) -> None:
         out.append((name, SimpleEntry(name, target, description, prov, extra)))
 
-    return {"cores": register_core, "backends": register_backend, "discretizers": register_discretizer}.get(kind, register_simple)
+    by_kind: dict[str, Callable[..., None]] = {"cores": register_core, "backends": register_backend,
+                                               "discretizers": register_discretizer}
+    return by_kind.get(kind, register_simple)
 
 
 def _call_hooks(pm: pluggy.PluginManager, info: PluginInfo, plugin: Any) -> Staged:

@@ -80,8 +80,8 @@ def parse_ref(text: str, *, revision: str | None = None) -> ModelRef:
             raise HubError(f"{text!r}: nothing after '@'; write hf-hub:{repo_id}@<branch, tag or commit sha>")
         if rev and revision and rev != revision:
             raise HubError(f"{text!r} names revision {rev!r} but revision={revision!r} was also given; keep one")
-        rev = rev or revision
-        return ModelRef("hub", text, repo_id=check_repo_id(repo_id), revision=check_revision(rev) if rev else None)
+        chosen = rev or revision
+        return ModelRef("hub", text, repo_id=check_repo_id(repo_id), revision=check_revision(chosen) if chosen else None)
     if text.startswith(LOCAL_PREFIX):
         path = text[len(LOCAL_PREFIX) :]
         if not path:

@@ -172,7 +172,9 @@ def write_cache_record(repo_folder: Path, commit: str, verdict: Verdict) -> None
     if not isinstance(data, dict):
         data = {}
     entries = {n: {"sha256": verdict.hashes[n], "source": s} for n, s in verdict.verified.items() if not s.startswith("the sha256 recorded")}
-    previous = data.get(commit) if isinstance(data.get(commit), dict) else {}
+    previous = data.get(commit)
+    if not isinstance(previous, dict):
+        previous = {}
     data[commit] = {**{n: e for n, e in previous.items() if n not in verdict.bad}, **entries}
     try:
         atomic_write_file(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())

@@ -61,6 +61,7 @@ def _scan(a: Tensor, b: Tensor, h0: Tensor | None) -> Tensor:
         return local.reshape(Bsz, J * T, n)[:, :L]
     last = local[:, :, -1]  # (B, J, n): each chunk's own final state
     if J == 1:
+        assert h0 is not None  # one chunk without h0 returned above
         carry_in = h0[:, None]  # (B, 1, n)
     else:
         carries = _scan(p[:, T], last, h0)  # (B, J, n): state after each chunk

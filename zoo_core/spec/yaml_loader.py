@@ -78,8 +78,9 @@ def _too_big(filename: str, size: int) -> SpecError:
 
 
 def _line_col(text: str | bytes, index: int) -> tuple[int, int]:
-    nl = "\n" if isinstance(text, str) else b"\n"
-    return text.count(nl, 0, index) + 1, index - (text.rfind(nl, 0, index) + 1) + 1
+    if isinstance(text, bytes):  # count bytes in bytes: index is a byte offset there
+        return text.count(b"\n", 0, index) + 1, index - (text.rfind(b"\n", 0, index) + 1) + 1
+    return text.count("\n", 0, index) + 1, index - (text.rfind("\n", 0, index) + 1) + 1
 
 
 def _show_tag(tag: str) -> str:
@@ -105,7 +106,7 @@ class _Loader(Reader, Scanner, Parser, Composer, BaseResolver):
             return _PLAIN
         return super().resolve(kind, value, implicit)
 
-    def compose_node(self, parent: Node | None, index: Any) -> Node:
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:  # None as in yaml.Composer
         event = self.peek_event()
         if isinstance(event, AliasEvent) or event.anchor is not None:
             mark = ("*" if isinstance(event, AliasEvent) else "&") + event.anchor

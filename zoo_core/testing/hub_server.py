@@ -405,7 +405,7 @@ class _Handler(BaseHTTPRequestHandler):
             headers = {"X-Error-Message": exc.message}
             if exc.code:
                 headers["X-Error-Code"] = exc.code
-            if getattr(self, "_error_commit", None):
+            if self._error_commit:
                 headers["X-Repo-Commit"] = self._error_commit
             self._send(exc.status, json.dumps({"error": exc.message}).encode(), headers, ctype="application/json")
 

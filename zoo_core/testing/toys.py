@@ -217,6 +217,8 @@ BROKEN["shapes"] = WrongWidth
 class StateOnSelf(ToyDiag):
     """Breaks sharing across depth: step keeps its recurrent state on the module, not in the state dict."""
 
+    _h: Tensor  # (B, H, N), set by the first step
+
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         if not hasattr(self, "_h") or self._h.shape[0] != x_t.shape[0] or bool((state["h"] == 0).all()):
             self._h = state["h"]

@@ -23,7 +23,7 @@ class Progress:
     def start_epoch(self, label: str, total: int) -> None:
         if self.quiet or not self.bar:
             return
-        self._bar = _tqdm()(total=total, desc=label, file=self.stream, leave=False, dynamic_ncols=True)  # type: ignore[misc]
+        self._bar = _tqdm()(total=total, desc=label, file=self.stream, leave=False, dynamic_ncols=True)
 
     def step(self, loss: float) -> None:
         if self._bar is not None:
