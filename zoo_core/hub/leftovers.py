@@ -35,7 +35,7 @@ from pathlib import Path
 try:  # POSIX; without it, only the age rule applies
     import fcntl
 except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # the module or None: Windows has no fcntl
 
 log = logging.getLogger("zoo_core.hub")
 

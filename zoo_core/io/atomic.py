@@ -30,7 +30,7 @@ from ..errors import CheckpointError
 try:  # POSIX only; without it the swap runs unlocked
     import fcntl
 except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # the module or None: Windows has no fcntl
 
 __all__ = ["atomic_write_dir", "atomic_write_file", "recover_dir"]
 

@@ -205,13 +205,14 @@ class _ChunkedKhat(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        v, dlam, dt, one_m, one_p = ctx.saved_tensors  # type: ignore[attr-defined]
+        v, dlam, dt, one_m, one_p = ctx.saved_tensors  # type: ignore[attr-defined]  # FunctionCtx's stub lacks saved_tensors
         leaves = [x.detach().requires_grad_() for x in (v, dlam, dt)]
+        v_, dlam_, dt_ = leaves
         totals = [torch.zeros_like(x) for x in leaves]
         with torch.enable_grad():
             for c in _chunks(one_m.shape[0], *dlam.shape):
-                out = _khat_chunk(*leaves, one_m[c], one_p[c])  # (H, G)
-                for total, g in zip(totals, torch.autograd.grad(out, leaves, grad[:, c])):
+                out = _khat_chunk(v_, dlam_, dt_, one_m[c], one_p[c])  # (H, G)
+                for total, g in zip(totals, torch.autograd.grad(out, leaves, grad[:, c]), strict=True):
                     total += g
         return (*totals, None, None)
 

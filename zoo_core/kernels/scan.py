@@ -115,7 +115,7 @@ def scan_naive(
         h = torch.zeros_like(b[:, 0])  # (B, *S[, 2])
     hs = []
     # unbind, not b[:, t]: the backward of L slices would write L zero-filled full-size gradients
-    for a_t, b_t in zip(a.unbind(1), b.unbind(1)):
+    for a_t, b_t in zip(a.unbind(1), b.unbind(1), strict=True):
         h = ops.apply(a_t, h) + b_t  # (B, *S[, 2])
         hs.append(h)
     return torch.stack(hs, 1), h

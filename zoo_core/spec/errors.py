@@ -164,7 +164,7 @@ def _error(positions: Positions, rows: list[Row]) -> SpecError:
     if len(rows) > MAX_LINES:
         lines.append(f"... and {len(rows) - MAX_LINES} more errors")
     err = SpecError("\n".join(lines))
-    err.errors = rows  # type: ignore[attr-defined]
+    err.errors = rows
     return err
 
 

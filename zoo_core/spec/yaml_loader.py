@@ -68,7 +68,7 @@ def _pos(mark: Any) -> tuple[int, int]:
 def _fail(filename: str, where: tuple[int, int], message: str, hint: str) -> SpecError:
     """`file:line:col: message; hint`, with `.errors` shaped like format_validation_error's."""
     err = SpecError(f"{filename}:{where[0]}:{where[1]}: {message}; {hint}")
-    err.errors = [((), *where, message)]  # type: ignore[attr-defined]
+    err.errors = [((), where[0], where[1], message)]
     return err
 
 

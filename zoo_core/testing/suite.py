@@ -37,9 +37,10 @@ class ConformanceSuite:
 
     def conformance_case(self) -> CoreCase:
         cls = type(self)
-        if cls.__dict__.get("_case") is None:
-            cls._case = self.make_case()
-        return cls._case  # type: ignore[return-value]
+        case: CoreCase | None = cls.__dict__.get("_case")  # this class's own, not a parent suite's
+        if case is None:
+            case = cls._case = self.make_case()
+        return case
 
 
 for _name in CHECKS:

@@ -77,7 +77,7 @@ class Objective(nn.Module):
 
     def forward(self, x: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, ...]:
         if self.blockwise:
-            return tuple(self.model.period_outputs(x, lengths=lengths))  # type: ignore[operator]
+            return tuple(self.model.period_outputs(x, lengths=lengths))  # type: ignore[operator]  # blockwise: a SequenceModel (typed nn.Module here)
         return (call_model(self.model, x, lengths),)
 
 

@@ -26,7 +26,7 @@ def plot_curves(runs: list[dict[str, Any]], path: str | Path, *, metric: str, ti
 
     keys = ["train_loss", "val_loss"] + ([f"val_{metric}"] if metric != "loss" else [])
     fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.6), squeeze=False)
-    for ax, key in zip(axes[0], keys):
+    for ax, key in zip(axes[0], keys, strict=True):
         for run in runs:
             hist = run["history"]
             ax.plot([r["epoch"] for r in hist], [r[key] for r in hist], label=f"seed {run['seed']}, lr {run['lr']:g}")

@@ -103,7 +103,7 @@ def linoss_imex(A: Tensor, B: Tensor, dt: Tensor | float, *, structure: str = "b
     return Discrete(a, _input_map(B, dt, dt * dt), None)
 
 
-setattr(linoss_imex, "dt2A_max", DT2A_MAX["linoss-imex"])  # read by the core (CoreBase.discretizer_for keeps it)
+setattr(linoss_imex, "dt2A_max", DT2A_MAX["linoss-imex"])  # noqa: B010  a function attribute: mypy refuses the plain assignment; read by the core (CoreBase.discretizer_for keeps it)
 
 
 def check_dt2A(A: Tensor, dt: Tensor, limit: float, who: str) -> float:

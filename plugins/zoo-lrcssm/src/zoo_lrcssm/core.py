@@ -165,7 +165,7 @@ class LrcSSM(CoreBase, params=LrcSSMParams):
     @runs_path("sequential")
     def _solve_sequential(self, pf: Tensor, pz: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
         x, xs = h0, []
-        for pf_t, pz_t in zip(pf.unbind(1), pz.unbind(1)):  # unbind: one backward node, not L slices
+        for pf_t, pz_t in zip(pf.unbind(1), pz.unbind(1), strict=True):  # unbind: one backward node, not L slices
             x = self.cell(x, pf_t, pz_t)  # (B, D)
             xs.append(x)
         return torch.stack(xs, 1), x  # (B, L, D), (B, D)

@@ -146,8 +146,8 @@ def newton_step(
     x_star = x_star.detach()
     h, outs = h0, []
     # split, not slices: one backward node per input instead of a zero-filled (B, L, ...) gradient per window
-    pieces = zip(*(u.split(W, 1) for u in inputs))
-    for s, u_w in zip(range(0, L, W), pieces):
+    pieces = zip(*(u.split(W, 1) for u in inputs), strict=True)
+    for s, u_w in zip(range(0, L, W), pieces, strict=True):
         e = min(s + W, L)
         shift = h0 if s == 0 else x_star[:, s - 1]  # (B, D)
         prev = torch.cat([shift[:, None], x_star[:, s:e - 1]], 1)  # (B, W, D)

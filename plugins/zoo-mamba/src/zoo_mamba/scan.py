@@ -75,7 +75,7 @@ def selective_scan_naive(
     B_steps = [Bc] * u.shape[1] if B.dim() == 2 else [b[:, None, :] for b in Bc.unbind(1)]  # (Di, N) | (Bt, 1, N)
     C_steps = [Cc] * u.shape[1] if C.dim() == 2 else [c[:, None, :] for c in Cc.unbind(1)]
     ys = []
-    for u_t, d_t, B_t, C_t in zip(uc.unbind(1), dc.unbind(1), B_steps, C_steps):
+    for u_t, d_t, B_t, C_t in zip(uc.unbind(1), dc.unbind(1), B_steps, C_steps, strict=True):
         h = torch.exp(d_t[..., None] * Ac) * h + (d_t * u_t)[..., None] * B_t  # (Bt, Di, N)
         ys.append((h * C_t).sum(-1))  # (Bt, Di)
     y = torch.stack(ys, 1)  # (Bt, L, Di)
