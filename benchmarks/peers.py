@@ -503,7 +503,7 @@ def depth_adaptive(r: Row) -> list[Impl]:
 def _adaptive_data(model_dir: str, seed: int) -> tuple[Any, Tensor, Tensor, Tensor, float]:
     from zoo_core.datasets import get_dataset
     from zoo_core.flops import count_flops
-    from zoo_core.io.pretrained import load_pretrained
+    from zoo_core.factory import load_pretrained
     from zoo_core.train.loop import to_tensors
     from zoo_core.train.protocol import make_splits
 

@@ -144,7 +144,7 @@ def test_error_exit_codes_and_no_traceback(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "model.safetensors").write_bytes(b"<!DOCTYPE html><html>rate limited</html>")
     from zoo_core.errors import CheckpointError
-    from zoo_core.io.pretrained import load_pretrained
+    from zoo_core.factory import load_pretrained
 
     with pytest.raises(CheckpointError, match="HTML"):
         load_pretrained(tmp_path / "m")

@@ -17,7 +17,7 @@ from zoo_core.cli import zoo as cli
 from zoo_core.build import build_model
 from zoo_core.convert import Converter, convert_checkpoint, detect_converter, get_converter, register_cli
 from zoo_core.errors import CheckpointError, PluginLoadError, SpecError, UnknownNameError
-from zoo_core.io.pretrained import load_pretrained
+from zoo_core.factory import load_pretrained
 from zoo_core.plugins import entry_point_sources, inline_source, load_registry, using_registry
 from zoo_core.testing import toys
 

@@ -359,7 +359,7 @@ def test_a_contested_dataset_or_converter_names_both_plugins_instead_of_unknown(
 
 
 def test_loading_weights_of_a_contested_core_is_a_plugin_error_not_the_files():
-    from zoo_core.io.pretrained import load_pretrained
+    from zoo_core.factory import load_pretrained
 
     base = [s for s in _installed() if s.dist != "zoo-s4d"]  # two forks claim s4d, neither is the catalogue's
     reg = load_registry([*base, _src("a", "zoo-a", "s4d"), _src("b", "zoo-b", "s4d")])

@@ -10,6 +10,8 @@ import torch
 
 from zoo_core.build import build_model
 from zoo_core.errors import SpecError
+from zoo_core.factory import load_pretrained
+from zoo_core.io.pretrained import save_pretrained
 from zoo_core.reshape import InputReshaper
 from zoo_core.spec import load_spec
 
@@ -172,8 +174,8 @@ def test_a_saved_reshaping_adaptive_model_reloads_with_the_same_behaviour(tmp_pa
     s["model"]["stacking"] = {"policy": "periodic", "period": 2, "damping": "learned",
                               "adaptive": {"epsilon": 0.05, "max_depth": 8, "stop_at": "block"}}
     model = build_model(s, seed=0).eval()
-    model.save_pretrained(str(tmp_path / "m"))
-    loaded = type(model).from_pretrained(str(tmp_path / "m"))
+    save_pretrained(model, str(tmp_path / "m"))
+    loaded = load_pretrained(str(tmp_path / "m"))
     assert loaded.spec == model.spec and loaded.reshaper.c == 12
     x = torch.randn(2, 10, 3)
     with torch.no_grad():

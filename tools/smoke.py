@@ -31,10 +31,10 @@ def check_core(core: str, presets: set[str], capabilities: set[str], folder: Pat
     """Build, save, load, stream vs forward for one core; returns a one-line report."""
     import torch
 
-    from zoo_core import build_model, load_pretrained
+    from zoo_core import build_model, load_pretrained, save_pretrained
 
     model = build_model(spec_for(core, presets), seed=0).eval()
-    model.save_pretrained(folder / core)
+    save_pretrained(model, folder / core)
     loaded = load_pretrained(folder / core)
     x = torch.randn(2, STEPS, 4, generator=torch.Generator().manual_seed(0))  # (B, L, D)
     with torch.no_grad():

@@ -24,7 +24,7 @@ _LAZY = {
     "build_model": "zoo_core.build",
     "SequenceModel": "zoo_core.model",
     "save_pretrained": "zoo_core.io.pretrained",
-    "load_pretrained": "zoo_core.io.pretrained",
+    "load_pretrained": "zoo_core.factory",
     "load_spec": "zoo_core.spec",
     "get_registry": "zoo_core.plugins",
     "rescale_sampling_rate": "zoo_core.model",

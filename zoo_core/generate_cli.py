@@ -39,7 +39,7 @@ def continue_text(model_ref: str, prompt: str, *, max_new_tokens: int = 200, tem
     import torch
 
     from .generate import generate
-    from .io.pretrained import load_pretrained
+    from .factory import load_pretrained
     from .tokenizer import CharTokenizer
 
     folder = Path(model_ref)

@@ -23,7 +23,6 @@ committed, exactly as the parallel path pads the end — so every prefix gives t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -245,33 +244,6 @@ class SequenceModel(nn.Module):
         """Final-normed features at each read depth, and them folded into that depth's running pool."""
         hn = {k: self.final_norm(hs[k]) for k in pools}  # (B, n, H)
         return hn, {k: self.pool.commit(pool, hn[k], self.head) for k, pool in pools.items()}
-
-    # convenience -----------------------------------------------------------------------
-    def save_pretrained(self, directory: str) -> Any:
-        from .io.pretrained import save_pretrained
-
-        return save_pretrained(self, directory)
-
-    @classmethod
-    def from_pretrained(cls, ref: str | os.PathLike[str], **kw: Any) -> SequenceModel:
-        """A saved folder, or any model reference: ``arch.tag``, ``hf-hub:org/name@rev``, ``local-dir:path``.
-
-        Keyword arguments as huggingface_hub's (revision, cache_dir, local_files_only, token,
-        force_download) and ``strict=True``; see ``zoo_core.hub.create_model``.
-        """
-        if os.path.isdir(ref):
-            from .io.pretrained import load_pretrained
-
-            return load_pretrained(ref, **kw)
-        from .hub.api import create_model
-
-        return create_model(str(ref), pretrained=True, **kw)
-
-    def push_to_hub(self, repo_id: str, **kw: Any) -> Any:
-        """Publish to the Hub (revision, private, commit_message, create_pr, token); see ``zoo_core.hub.push_to_hub``."""
-        from .hub.api import push_to_hub
-
-        return push_to_hub(self, repo_id, **kw)
 
     def cores(self) -> list[nn.Module]:
         """The distinct cores, in block order."""

@@ -6,6 +6,7 @@ import pytest
 
 from zoo_core.errors import CheckpointError
 from zoo_core.hub import HubError, MissingPluginError, create_model, pull, push_to_hub
+from zoo_core.io.pretrained import save_pretrained
 from zoo_core.cli.hub import main
 from zoo_core.testing.hub_server import WRITE_TOKEN
 
@@ -51,7 +52,7 @@ def test_push_without_a_token(hub, make_model, monkeypatch, cli, tmp_path):
     with pytest.raises(HubError, match="needs a Hub token"):
         push_to_hub(make_model(0), "org/p")
     assert hub.requests == []  # refused before any request
-    make_model(0).save_pretrained(str(tmp_path / "m"))
+    save_pretrained(make_model(0), str(tmp_path / "m"))
     done = cli("push", str(tmp_path / "m"), "org/p")
     assert done.returncode == 2 and "needs a Hub token" in done.stderr and "Traceback" not in done.stderr
 
@@ -81,7 +82,7 @@ def test_repo_without_weights(hub, tmp_path):
 
 
 def test_push_refuses_a_broken_folder(hub, make_model, tmp_path):
-    make_model(0).save_pretrained(str(tmp_path / "m"))
+    save_pretrained(make_model(0), str(tmp_path / "m"))
     path = tmp_path / "m" / "model.safetensors"
     path.write_bytes(path.read_bytes()[:-50])
     with pytest.raises(CheckpointError):

@@ -12,6 +12,7 @@ import yaml
 from zoo_core.errors import CheckpointError, SpecError, UnknownNameError
 from zoo_core.hub import create_model, pull, push_to_hub, render_card
 from zoo_core.hub.catalogue import check_catalogue, load_catalogue
+from zoo_core.io.pretrained import save_pretrained
 from zoo_core.cli.hub import info_pretrained, list_pretrained_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +30,7 @@ def zoo(tmp_path, make_model, hub):
 
     model = make_model(0)
     bundled = tmp_path / "weights" / "tiny-s4d.test"
-    model.save_pretrained(str(bundled))
+    save_pretrained(model, str(bundled))
     _, info = read_folder(bundled)
     card = render_card(name="tiny-s4d.test", spec=info["spec"], metrics=METRICS, versions=info["versions"],
                        repo_id="org/tiny-s4d", training_command="zoo train specs/tiny.yaml --seed 0",

@@ -15,6 +15,7 @@ import pytest
 from zoo_core.errors import CheckpointError
 from zoo_core.hub import HubConnectionError, pull, push_to_hub
 from zoo_core.hub.errors import HubSettingError
+from zoo_core.io.pretrained import save_pretrained
 
 try:
     import fcntl
@@ -123,7 +124,7 @@ def _respecced_folder(make_model, tmp_path: Path, edit) -> Path:
     from safetensors.torch import save_file
 
     folder = tmp_path / "m"
-    make_model(0).save_pretrained(str(folder))
+    save_pretrained(make_model(0), str(folder))
     path = folder / "model.safetensors"
     with safe_open(str(path), framework="pt") as f:
         meta = dict(f.metadata())

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from zoo_core.hub import HubError, create_model, pull, push_to_hub
-from zoo_core.io.pretrained import read_folder
+from zoo_core.io.pretrained import read_folder, save_pretrained
 
 
 def _same(a, b) -> bool:
@@ -67,7 +67,7 @@ def test_pushed_repo_holds_weights_config_and_a_card(hub, published):
 
 
 def test_second_identical_push_makes_no_new_commit(hub, make_model, tmp_path):
-    make_model(0).save_pretrained(str(tmp_path / "m"))
+    save_pretrained(make_model(0), str(tmp_path / "m"))
     first = push_to_hub(tmp_path / "m", "org/same")
     before = hub.head("org/same")
     second = push_to_hub(tmp_path / "m", "org/same")

@@ -463,10 +463,11 @@ def test_recover_dir_on_missing_parent_is_a_no_op(tmp_path: Path) -> None:
 def _half_swapped_model(tmp_path: Path) -> Path:
     """A saved tiny model (BasicMotions-shaped) whose folder a killed save left aside as ``.m.old-<dead pid>-…``."""
     from zoo_core.build import build_model
+    from zoo_core.io.pretrained import save_pretrained
 
     spec = model_spec("s4d", task={"kind": "classification", "classes": 4}, inp={"channels": 6}, d_model=8, depth=1)
     target = tmp_path / "m"
-    build_model(spec, seed=0).save_pretrained(str(target))
+    save_pretrained(build_model(spec, seed=0), str(target))
     os.rename(target, tmp_path / f".m.old-{dead_pid()}-0badc0de")
     return target
 

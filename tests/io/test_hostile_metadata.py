@@ -19,13 +19,12 @@ from safetensors.torch import load_file
 from zoo_core.build import build_model
 from zoo_core.cli import main
 from zoo_core.errors import CheckpointError, ProviderMismatchError
+from zoo_core.factory import check_folder, load_pretrained
 from zoo_core.io.pretrained import (
     CONFIG,
     TRUST_PROVIDER_ENV,
     WEIGHTS,
     canonical_safetensors,
-    check_folder,
-    load_pretrained,
     save_pretrained,
 )
 

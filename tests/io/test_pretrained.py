@@ -14,7 +14,8 @@ from safetensors import safe_open
 
 from zoo_core.build import build_model
 from zoo_core.errors import CheckpointError
-from zoo_core.io.pretrained import WEIGHTS, load_pretrained, load_weights_file, save_pretrained
+from zoo_core.factory import load_pretrained
+from zoo_core.io.pretrained import WEIGHTS, load_weights_file, save_pretrained
 from zoo_core.testing.helpers import model_spec
 
 SPEC = model_spec("s4d", inp={"channels": 2}, d_model=8, depth=4, stacking={"policy": "periodic", "period": 2})

@@ -146,9 +146,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 # spec commands --------------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
-    from ..spec import load_spec
-
     from ..footprint import available_memory, estimate, fmt_bytes
+    from ..spec import load_spec
 
     spec = load_spec(args.spec)
     m = spec.envelope.model
@@ -171,7 +170,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     from ..build import build_model, summary
     from ..footprint import check_build
-    from ..io.pretrained import check_destination
+    from ..io.pretrained import check_destination, save_pretrained
     from ..spec import load_spec
 
     if args.output:
@@ -181,14 +180,15 @@ def cmd_build(args: argparse.Namespace) -> int:
     model = build_model(spec, seed=args.seed)
     print(summary(model))
     if args.output:
-        path = model.save_pretrained(args.output)
+        path = save_pretrained(model, args.output)
         print(f"saved to {path}")
     return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from ..build import summary
-    from ..io.pretrained import load_pretrained, read_folder
+    from ..factory import load_pretrained
+    from ..io.pretrained import read_folder
 
     _, info = read_folder(args.directory, allow_nonfinite=args.allow_nonfinite)
     model = load_pretrained(args.directory, allow_nonfinite=args.allow_nonfinite)

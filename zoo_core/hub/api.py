@@ -525,8 +525,8 @@ def pull(ref: str, *, revision: str | None = None, cache_dir: str | os.PathLike[
 # building ----------------------------------------------------------------------------------------
 def check_plugins(folder: Path, *, where: str, registry: Any = None) -> None:
     """Refuse, with the install command, weights whose core's plugin is not installed."""
-    from ..plugins import get_registry
     from ..plugin_catalogue import plugin_owners
+    from ..plugins import get_registry
 
     path = folder / CONFIG
     if not path.is_file():
@@ -594,7 +594,8 @@ def create_model(ref: str, pretrained: bool = True, *, revision: str | None = No
     """
     from ..build import build_model
     from ..footprint import check_build
-    from ..io.pretrained import check_folder, load_pretrained, load_weights, read_folder
+    from ..factory import check_folder, load_pretrained
+    from ..io.pretrained import load_weights, read_folder
     from ..spec import load_spec
 
     r = parse_ref(ref, revision=revision)
@@ -652,18 +653,14 @@ def _stage(model_or_dir: Any, staging: Path, repo_id: str) -> dict[str, str]:
 
 
 def _check_loadable(folder: Path) -> None:
-    """The full load check of ``zoo_core.io.pretrained.check_folder`` (metadata, header, a meta-device build).
+    """The full load check of ``zoo_core.factory.check_folder`` (metadata, header, a meta-device build).
 
     Why: a folder whose stored spec is a string, is far larger than its tensors or has metadata of
     the wrong types would be published and then fail for everyone who pulls it.
     """
-    from ..io import pretrained
+    from ..factory import check_folder
 
-    check = getattr(pretrained, "check_folder", None)
-    if check is None:  # an older zoo_core.io: read_folder below is then the only check
-        log.warning("%s: zoo_core.io.pretrained.check_folder is missing; pushing after read_folder's checks only", folder)
-        return
-    check(folder)
+    check_folder(folder)
 
 
 def push_to_hub(model_or_dir: Any, repo_id: str, *, revision: str | None = None, private: bool | None = None,

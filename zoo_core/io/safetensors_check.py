@@ -495,7 +495,7 @@ def _check_finite(tensors: dict[str, torch.Tensor], source: str) -> None:
     _fail(
         source,
         f"{listed}; a checkpoint with NaN/Inf is usually the product of a diverged run. "
-        "Load it anyway with allow_nonfinite=True (zoo_core.io.pretrained.load_pretrained, zoo inspect --allow-nonfinite)",
+        "Load it anyway with allow_nonfinite=True (zoo_core.load_pretrained, zoo inspect --allow-nonfinite)",
     )
 
 

@@ -355,7 +355,8 @@ def check_save_load(case: CoreCase) -> None:
     """A model with this core shared across depth saves and loads back identically, storing the
     shared block once."""
     from ..build import build_model
-    from ..io.pretrained import load_pretrained, read_folder
+    from ..factory import load_pretrained
+    from ..io.pretrained import read_folder, save_pretrained
 
     spec = {
         "schema_version": 1,
@@ -367,7 +368,7 @@ def check_save_load(case: CoreCase) -> None:
     model = build_model(spec, registry=case.registry, seed=0).eval()
     x = torch.randn(2, 11, 4)
     with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp + "/m")
+        save_pretrained(model, tmp + "/m")
         tensors, info = read_folder(tmp + "/m")
         if any(k.startswith("stack.blocks.2.") for k in tensors) or not any(k.startswith("stack.blocks.1.") for k in tensors):
             raise ConformanceError("save/load: the two shared blocks should be stored once each")

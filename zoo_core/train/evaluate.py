@@ -20,7 +20,7 @@ import torch
 from ..datasets import Dataset, SplitData, get_dataset
 from ..errors import SpecError, ZooError
 from ..io.atomic import atomic_write_file
-from ..io.pretrained import load_pretrained
+from ..factory import load_pretrained
 from ..logs import log_once
 from ..spec import load_spec
 from .ddp import pick_device
