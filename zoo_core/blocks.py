@@ -48,6 +48,13 @@ class EMABatchNorm(nn.Module):
     only through the batch part. Eval uses the stored statistics. Shapes (B, L, H) or (B, H).
     """
 
+    # registered by name in __init__: declared so the type checker sees tensors, not Tensor | Module
+    running_mean: Tensor  # (H,)
+    running_var: Tensor  # (H,)
+    initialised: Tensor  # () bool
+    weight: nn.Parameter | None  # (H,) when affine
+    bias: nn.Parameter | None  # (H,) when affine
+
     def __init__(self, d_model: int, *, momentum: float = 0.99, eps: float = 1e-5, affine: bool = True,
                  device: Any = None, dtype: Any = None) -> None:
         super().__init__()
@@ -74,7 +81,7 @@ class EMABatchNorm(nn.Module):
                 self.running_var.copy_(var)
                 self.initialised.fill_(True)
         y = (x - mean) / torch.sqrt(var + self.eps)
-        if self.weight is not None:
+        if self.weight is not None and self.bias is not None:  # affine: both or neither
             y = y * self.weight + self.bias
         return y
 
@@ -94,7 +101,7 @@ def make_norm(kind: str, d_model: int, *, affine: bool = True, eps: float = 1e-5
 
 
 def make_activation(kind: str) -> nn.Module:
-    table = {
+    table: dict[str, Callable[[], nn.Module]] = {
         "gelu": lambda: nn.GELU(),
         "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
         "silu": nn.SiLU,

@@ -60,7 +60,7 @@ class Stack(nn.Module):
                 raise ValueError(f"damping_init must lie in (0, 1), got {damping_init}")
             p = next(iter(self.blocks[0].parameters()), None)
             logit = math.log(damping_init / (1 - damping_init))
-            self.damping_logit = nn.Parameter(torch.full((len(blocks),), logit, device=None if p is None else p.device,
+            self.damping_logit: nn.Parameter | None = nn.Parameter(torch.full((len(blocks),), logit, device=None if p is None else p.device,
                                                          dtype=torch.float32 if p is None or not p.is_floating_point() else p.dtype))
             self.alpha_fixed = 1.0
         else:
