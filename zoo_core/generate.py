@@ -68,7 +68,8 @@ def _check(model: Any, input_ids: Tensor, max_new_tokens: int, temperature: floa
         shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
         raise SpecError(f"input_ids must be a (B, L) LongTensor with L ≥ 1 (a prompt of at least one token); got {shape}")
     if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
-        raise SpecError(f"input_ids must lie in [0, {vocab}) (the vocabulary); got values from {int(input_ids.min())} to {int(input_ids.max())}")
+        raise SpecError(f"input_ids must lie in [0, {vocab}) (the vocabulary); "
+                        f"got values from {int(input_ids.min())} to {int(input_ids.max())}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise SpecError(f"max_new_tokens must be an int ≥ 0, got {max_new_tokens!r}")
     if not temperature > 0:

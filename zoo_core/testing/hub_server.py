@@ -631,7 +631,8 @@ class _Handler(BaseHTTPRequestHandler):
                     "verify": {"href": f"{self.hub.url}/{repo}.git/info/lfs/objects/verify",
                                "header": {"Authorization": self.headers.get("Authorization", "")}},
                 }})
-        self._json({"transfer": "basic", "objects": objects, "hash_algo": "sha256"}, headers={"Content-Type": "application/vnd.git-lfs+json"})
+        self._json({"transfer": "basic", "objects": objects, "hash_algo": "sha256"},
+                   headers={"Content-Type": "application/vnd.git-lfs+json"})
 
     @_route("PUT", r"/lfs-upload/(?P<oid>[0-9a-f]{64})/(?P<size>[0-9]+)")
     def lfs_put(self, oid: str, size: str) -> None:  # lfs._upload_single_part (a presigned storage URL)

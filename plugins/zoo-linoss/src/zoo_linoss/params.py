@@ -37,12 +37,14 @@ class LinOSSParams(CoreParams, DtRange, DtScale, SsmLr):
     capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "lti", "complex_params", "continuous_time"})
 
     d_state: int = Field(64, ge=1, le=65536, description="number of oscillators P; the state holds a complex (z, y) pair per oscillator")
-    discretizer: str = Field("linoss-im", description="a registered block2x2 discretizer: linoss-im (implicit Euler, dissipative) or linoss-imex (symplectic Euler, needs Δ²A ≤ 4)")
+    discretizer: str = Field("linoss-im", description="a registered block2x2 discretizer: linoss-im (implicit Euler, "
+                             "dissipative) or linoss-imex (symplectic Euler, needs Δ²A ≤ 4)")
     A_min: float = Field(0.0, ge=0, le=1e6, description="A_diag ~ U[A_min, A_max) at init; the stiffness is A = ReLU(A_diag)")
     A_max: float = Field(1.0, ge=0, le=1e6, description="upper end of the A_diag init range")
     dt_min: float = Field(0.5, gt=0, lt=1, description="smallest initial Δ = sigmoid(steps); steps ~ U[logit dt_min, logit dt_max)")
     dt_max: float = Field(DT_MAX_DEFAULT, gt=0, lt=1, description="largest initial Δ (default σ(1), as the reference's steps ~ U[0, 1))")
-    ssm_lr: float | None = Field(None, ge=0, le=1.0, description="learning rate hint for A_diag and steps, no weight decay (None: the global settings, as the reference)")
+    ssm_lr: float | None = Field(None, ge=0, le=1.0, description="learning rate hint for A_diag and steps, no weight decay "
+                                 "(None: the global settings, as the reference)")
 
     @model_validator(mode="after")
     def _check(self) -> LinOSSParams:

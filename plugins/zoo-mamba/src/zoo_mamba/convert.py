@@ -264,12 +264,14 @@ class TransformersMamba:
     def arch(self, cfg: dict[str, Any], where: str, source: Path | None = None) -> Arch:
         """The architecture ``cfg`` describes; ``source``'s generation_config.json, if any, gives the token ids."""
         if cfg.get("model_type") != "mamba":
-            raise CheckpointError(f"{where}: model_type is {cfg.get('model_type')!r}, not 'mamba'; this is not a transformers Mamba checkpoint")
+            raise CheckpointError(f"{where}: model_type is {cfg.get('model_type')!r}, not 'mamba'; "
+                                  "this is not a transformers Mamba checkpoint")
         f = lambda k, t, d: _field(cfg, k, t, d, where)  # noqa: E731
         H, E = f("hidden_size", int, 768), f("expand", int, 2)
         inter = f("intermediate_size", int, E * H)
         if inter != E * H:
-            raise CheckpointError(f"{where}: intermediate_size = {inter} but expand · hidden_size = {E} · {H} = {E * H}; the config is inconsistent")
+            raise CheckpointError(f"{where}: intermediate_size = {inter} but expand · hidden_size = {E} · {H} = {E * H}; "
+                                  "the config is inconsistent")
         act = f("hidden_act", str, "silu")
         if act != "silu":
             _refuse(where, "hidden_act", act, "the Mamba mixer here uses SiLU, as mamba_ssm does")
@@ -356,7 +358,8 @@ class MambaSSM:
         if multiple < 1:
             raise CheckpointError(f"{where}: pad_vocab_size_multiple must be ≥ 1, got {multiple}")
         padded = math.ceil(vocab / multiple) * multiple
-        notes = [] if padded == vocab else [f"Vocabulary {vocab} padded to {padded} (pad_vocab_size_multiple {multiple}); rows ≥ {vocab} are padding."]
+        notes = [] if padded == vocab else [
+            f"Vocabulary {vocab} padded to {padded} (pad_vocab_size_multiple {multiple}); rows ≥ {vocab} are padding."]
         return Arch(
             d_model=f("d_model", int, 2560), n_layer=f("n_layer", int, 64), vocab_size=padded,
             d_state=s("d_state", int, 16), d_conv=s("d_conv", int, 4), expand=int(expand), dt_rank=rank,

@@ -41,7 +41,8 @@ class MambaParams(CoreParams, DtRange):
     def _check(self) -> MambaParams:
         d_inner = self.expand * self.d_model
         if d_inner > 262_144:
-            raise ValueError(f"expand · d_model = {self.expand} · {self.d_model} = {d_inner} inner channels is more than 262144; lower expand")
+            raise ValueError(f"expand · d_model = {self.expand} · {self.d_model} = {d_inner} inner channels is more than 262144; "
+                             "lower expand")
         if isinstance(self.dt_rank, int):
             if not self.tv_dt:
                 raise ValueError("dt_rank is set but tv_dt is false: a time-invariant Δ has no projection; drop dt_rank or set tv_dt: true")

@@ -46,7 +46,8 @@ def _check(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor 
     n = A.shape[1]
     for name, M in (("B", B), ("C", C)):
         if tuple(M.shape) not in ((bt, L, n), (di, n)):
-            raise ValueError(f"{name} must be input-dependent (Bt, L, N) = {(bt, L, n)} or time-invariant (Di, N) = {(di, n)}; got {tuple(M.shape)}")
+            raise ValueError(f"{name} must be input-dependent (Bt, L, N) = {(bt, L, n)} or time-invariant (Di, N) = {(di, n)}; "
+                             f"got {tuple(M.shape)}")
     if D is not None and tuple(D.shape) != (di,):
         raise ValueError(f"D must be (Di,) = ({di},); got {tuple(D.shape)}")
     if h0 is not None and tuple(h0.shape) != (bt, di, n):
