@@ -454,7 +454,7 @@ def depth_train() -> list[Impl]:
         def build(s: Sizes, mode: str) -> Built:
             import torch.nn.functional as F
 
-            from zoo_core.blocks import count_params
+            from zoo_core.nn.blocks import count_params
             from zoo_core.build import build_model
 
             policy, period, loss = DEPTH_CONFIGS[name]

@@ -6,24 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zoo_core.adaptive import AdaptiveConfig, prediction, relative_change
 from zoo_core.build import build_model
 from zoo_core.flops import count_flops
-from zoo_core.plugins import get_registry
+from zoo_core.nn.adaptive import AdaptiveConfig, prediction, relative_change
+from zoo_core.testing.helpers import cores_with, model_spec
 
 F64 = torch.float64
 
 
 def spec(task=None, inp=None, **model):
-    body = {"d_model": 6, "depth": 4, "core": {"kind": "lru", "preset": "tiny"},
-            "stacking": {"policy": "periodic", "period": 2}}
-    body.update(model)
-    return {"schema_version": 1, "task": task or {"kind": "classification", "classes": 3},
-            "input": inp or {"channels": 3}, "model": body}
+    """``model_spec`` with this file's defaults: depth 4 over period-2 stacking, so recurrence runs."""
+    return model_spec(task=task, inp=inp, **{"depth": 4, "stacking": {"policy": "periodic", "period": 2}, **model})
 
-
-def streaming_cores():
-    return sorted(n for n, e in get_registry().cores.items() if "step" in e.capabilities)
 
 # adaptive ----------------------------------------------------------------------------------------
 def reference_adaptive(model, x, lengths, cfg):
@@ -137,7 +131,7 @@ def test_adaptive_flops_are_charged_to_the_samples_that_ran():
     assert float(res.flops[stopped].max()) < float(res.flops[~stopped].min())
 
 
-@pytest.mark.parametrize("core", streaming_cores())
+@pytest.mark.parametrize("core", cores_with("step"))
 def test_adaptive_streaming_equals_parallel_on_every_prefix(core):
     model = build_model(spec(core={"kind": core, "preset": "tiny"}), seed=0).double().eval()
     x = torch.randn(3, 7, 3, dtype=F64)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from zoo_core.plugins import get_registry
 from zoo_core.plugin_catalogue import plugin_owners
+from zoo_core.plugins import get_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 

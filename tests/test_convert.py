@@ -5,6 +5,7 @@ codes. Uses inline plugins with a toy checkpoint format, so it needs no model pl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import types
 from pathlib import Path
@@ -13,8 +14,8 @@ import pytest
 import torch
 
 from zoo_core import hookimpl
-from zoo_core.cli import zoo as cli
 from zoo_core.build import build_model
+from zoo_core.cli import zoo as cli
 from zoo_core.convert import Converter, convert_checkpoint, detect_converter, get_converter, register_cli
 from zoo_core.errors import CheckpointError, PluginLoadError, SpecError, UnknownNameError
 from zoo_core.factory import load_pretrained
@@ -165,11 +166,11 @@ def test_register_cli_adds_the_command():
     assert parser.parse_args(["convert", "a", "b"]).converter == "auto"
 
 
-def test_zoo_convert_exit_codes(reg, tmp_path, monkeypatch, capsys):
+def test_zoo_convert_exit_codes(reg, tmp_path, monkeypatch, capsys, request):
     monkeypatch.setattr(cli, "_registry", lambda: reg)
-    from zoo_core import plugins
-
-    monkeypatch.setattr(plugins, "get_registry", lambda: reg)
+    stack = contextlib.ExitStack()
+    request.addfinalizer(stack.close)
+    stack.enter_context(using_registry(reg))
     src = toy_folder(tmp_path)
     assert cli.main(["convert", str(src), str(tmp_path / "out")]) == 0
     assert "converted" in capsys.readouterr().out

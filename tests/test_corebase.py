@@ -13,8 +13,8 @@ from pydantic import ValidationError
 from zoo_core.corebase import CoreBase, runs_path
 from zoo_core.errors import CoreArgumentError
 from zoo_core.params import CoreParams, DtRange
+from zoo_core.plugin_registry import Problem
 from zoo_core.plugins import get_registry
-from zoo_core.registry import Problem
 from zoo_s4d.core import S4D
 
 

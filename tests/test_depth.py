@@ -6,33 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zoo_core.blocks import count_params
 from zoo_core.build import build_model
-from zoo_core.plugins import get_registry
+from zoo_core.nn.blocks import count_params
+from zoo_core.testing.helpers import cores_with, model_spec, unroll
 
 F64 = torch.float64
 
 
 def spec(task=None, inp=None, **model):
-    body = {"d_model": 6, "depth": 4, "core": {"kind": "lru", "preset": "tiny"},
-            "stacking": {"policy": "periodic", "period": 2}}
-    body.update(model)
-    return {"schema_version": 1, "task": task or {"kind": "classification", "classes": 3},
-            "input": inp or {"channels": 3}, "model": body}
-
-
-def streaming_cores():
-    reg = get_registry()
-    return sorted(n for n, e in reg.cores.items() if "step" in e.capabilities)
-
-
-def unroll(model, x):
-    state = model.init_state(x.shape[0])
-    outs = []
-    for t in range(x.shape[1]):
-        y, state = model.step(x[:, t], state)
-        outs.append(y)
-    return outs
+    """``model_spec`` with this file's defaults: depth 4 over period-2 stacking, so recurrence runs."""
+    return model_spec(task=task, inp=inp, **{"depth": 4, "stacking": {"policy": "periodic", "period": 2}, **model})
 
 
 # lengths -----------------------------------------------------------------------------------
@@ -122,7 +105,7 @@ def test_learned_damping_is_a_sigmoid_per_unique_block_starting_at_its_init():
     assert count_params(default) == count_params(build_model(spec(stacking={"policy": "periodic", "period": 1}), seed=0)) + 1
 
 
-@pytest.mark.parametrize("core", streaming_cores())
+@pytest.mark.parametrize("core", cores_with("step"))
 def test_step_equals_forward_with_damping_and_sharing_for_every_core(core):
     stackings = [{"policy": "periodic", "period": 1, "damping": 0.5},
                  {"policy": "periodic", "period": 2, "damping": "learned", "norms": "per_position"}]
@@ -174,7 +157,6 @@ def test_batch_norm_shared_across_depth_warns(caplog):
     """One BatchNorm reused at several depth positions evaluates with averaged statistics: warned."""
     import logging
 
-    from zoo_core import build
     from zoo_core.build import build_model
 
 

@@ -83,8 +83,8 @@ def test_normal_specs_build_and_the_check_can_be_overridden(tmp_path, monkeypatc
 
 
 def test_estimate_matches_the_real_parameter_count():
-    from zoo_core.blocks import count_params
     from zoo_core.build import build_model
+    from zoo_core.nn.blocks import count_params
 
     for path in ("specs/s4d-tiny.yaml", "specs/s4d-lm.yaml", "specs/lru-shared-aaaaaa.yaml", "specs/lrcssm-backbone.yaml"):
         spec = load_spec(Path(__file__).resolve().parents[1] / path)

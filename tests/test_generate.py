@@ -11,7 +11,7 @@ import torch
 from zoo_core.build import build_model
 from zoo_core.errors import SpecError
 from zoo_core.generate import filter_logits, generate
-from zoo_core.plugins import get_registry
+from zoo_core.testing.helpers import cores_with
 
 V = 23
 
@@ -22,14 +22,11 @@ def lm_spec(core: dict) -> dict:
                       "final_norm": "rms", "tie_embeddings": True, "core": core}}
 
 
-CORES = {"s4d": {"kind": "s4d", "preset": "tiny"}, "lru": {"kind": "lru", "preset": "tiny"},
-         "mamba": {"kind": "mamba", "preset": "tiny"}}
+CORES = cores_with("step")  # generation streams: every core that steps, a new plugin's included
 
 
 def _model(name: str, dtype=torch.float64):
-    if CORES[name]["kind"] not in get_registry().cores:
-        pytest.skip(f"core {name!r} is not installed")
-    return build_model(lm_spec(CORES[name]), seed=0).to(dtype).eval()
+    return build_model(lm_spec({"kind": name, "preset": "tiny"}), seed=0).to(dtype).eval()
 
 
 def _prompt(B=3, L=7, seed=0):
@@ -189,7 +186,7 @@ def test_the_models_own_eos_is_the_default_and_the_spec_checks_it():
     prompt = _prompt()
     greedy = generate(plain, prompt, 15, eos_token_id=None)
     eos = int(greedy[0, 7 + 2])
-    spec = lm_spec(CORES["s4d"])
+    spec = lm_spec({"kind": "s4d", "preset": "tiny"})
     spec["task"] = {"kind": "lm", "eos_token_id": eos, "bos_token_id": 0}
     model = build_model(spec, seed=0).to(torch.float64).eval()
     assert torch.equal(generate(model, prompt, 15), generate(plain, prompt, 15, eos_token_id=eos))  # its eos by default

@@ -8,17 +8,17 @@ import copy
 import pytest
 import torch
 
-from zoo_core.blocks import count_params
 from zoo_core.build import build_model, summary
 from zoo_core.factory import load_pretrained
 from zoo_core.io.pretrained import save_pretrained
-from zoo_core.model import rescale_sampling_rate
+from zoo_core.nn.blocks import count_params
+from zoo_core.nn.model import rescale_sampling_rate
+from zoo_core.testing.helpers import model_spec
 
 
 def spec(task, inp, **model):
-    body = {"d_model": 8, "depth": 3, "core": {"kind": "s4d", "preset": "tiny"}}
-    body.update(model)
-    return {"schema_version": 1, "task": task, "input": inp, "model": body}
+    """``model_spec`` around S4D's tiny preset with this file's sizes (d_model 8, depth 3)."""
+    return model_spec(task=task, inp=inp, **{"core": "s4d", "d_model": 8, "depth": 3, **model})
 
 
 CASES = {
@@ -119,7 +119,7 @@ def test_build_is_deterministic_with_seed():
 
 
 def test_ema_batch_norm_follows_equinox_legacy_semantics():
-    from zoo_core.blocks import EMABatchNorm
+    from zoo_core.nn.blocks import EMABatchNorm
 
     torch.manual_seed(0)
     bn = EMABatchNorm(3, affine=False).train()
@@ -136,7 +136,7 @@ def test_ema_batch_norm_follows_equinox_legacy_semantics():
 
 
 def test_ema_batch_norm_gradient_flows_only_through_the_batch_part():
-    from zoo_core.blocks import EMABatchNorm
+    from zoo_core.nn.blocks import EMABatchNorm
 
     torch.manual_seed(1)
     bn = EMABatchNorm(2, affine=False).train()
@@ -281,10 +281,10 @@ def test_the_model_reads_no_strings_on_its_forward_and_step_paths():
     compares a string (``self.pool == "none"``) or reads a string-keyed state (``state["layer0.h"]``)."""
     import ast
 
-    import zoo_core.model
+    import zoo_core.nn.model
 
     found = []
-    for fn in _methods("SequenceModel", zoo_core.model.__file__):
+    for fn in _methods("SequenceModel", zoo_core.nn.model.__file__):
         if fn.name == "__init__":
             continue
         for node in ast.walk(fn):
@@ -306,7 +306,8 @@ def test_the_model_modules_call_nothing_private_across_modules():
 
     root = Path(zoo_core.__file__).parent
     found = []
-    for name in ("model", "model_state", "pools", "adaptive", "blocks", "stack", "stacking", "reshape", "generate"):
+    for name in ("nn/model", "nn/model_state", "nn/pools", "nn/adaptive", "nn/blocks", "nn/stack", "stacking_policies",
+                 "nn/reshape", "generate"):
         path = root / f"{name}.py"
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):

@@ -8,7 +8,7 @@ import torch
 
 from zoo_core.build import build_model
 from zoo_core.errors import UsageError
-from zoo_core.model_state import AdaptiveStream, ModelState
+from zoo_core.nn.model_state import AdaptiveStream, ModelState
 
 F64 = torch.float64
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from zoo_core.blocks import count_params
 from zoo_core.build import build_model, summary
+from zoo_core.nn.blocks import count_params
 
 ROOT = Path(__file__).resolve().parents[1]
 

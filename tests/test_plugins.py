@@ -11,23 +11,9 @@ from zoo_core import hookimpl
 from zoo_core.errors import DuplicateNameError, PluginLoadError
 from zoo_core.params import CoreParams
 from zoo_core.plugins import PluginSource, entry_point_sources, inline_source, load_registry
+from zoo_core.testing.helpers import inline_plugin, register_cores
 
-
-@pytest.fixture(autouse=True)
-def _no_allow_list(monkeypatch):
-    monkeypatch.delenv("ZOO_LOAD_PLUGINS", raising=False)
-
-
-def _plugin(name: str, **hooks) -> types.SimpleNamespace:
-    return types.SimpleNamespace(__name__=name, zoo_api=1, **{k: hookimpl(v) for k, v in hooks.items()})
-
-
-def _cores(*names: str):
-    def zoo_register_cores(register):
-        for n in names:
-            register(n, "zoo_core.testing.toys:ToyDiag", params=CoreParams, presets={"tiny": {}})
-
-    return zoo_register_cores
+pytestmark = pytest.mark.usefixtures("no_allow_list")
 
 
 def _failing_import() -> PluginSource:
@@ -46,7 +32,7 @@ def test_import_failure_is_recorded_and_others_load(exc):
     def load():
         raise exc
 
-    good = inline_source("good", _plugin("good", zoo_register_cores=_cores("good-core")))
+    good = inline_source("good", inline_plugin("good", zoo_register_cores=register_cores("good-core")))
     reg = load_registry([*_base(), PluginSource("broken", "zoo-broken", "0.3.1", "m", load), good])
     failed = [p for p in reg.plugins if p.status == "failed"]
     assert [(p.dist, p.version) for p in failed] == [("zoo-broken", "0.3.1")]
@@ -67,8 +53,8 @@ def test_unknown_core_mentions_the_failed_plugin():
 
 
 def test_duplicate_names_name_both_plugins(monkeypatch):
-    a = inline_source("a", _plugin("a", zoo_register_cores=_cores("same", "only-a")), dist="zoo-a", version="1.0")
-    b = inline_source("b", _plugin("b", zoo_register_cores=_cores("same", "only-b")), dist="zoo-b", version="2.0")
+    a = inline_source("a", inline_plugin("a", zoo_register_cores=register_cores("same", "only-a")), dist="zoo-a", version="1.0")
+    b = inline_source("b", inline_plugin("b", zoo_register_cores=register_cores("same", "only-b")), dist="zoo-b", version="2.0")
     reg = load_registry([*_base(), a, b])
     info = reg.plugins[-1]
     assert info.status == "conflict" and "zoo-a 1.0" in info.conflicts[0]
@@ -81,7 +67,7 @@ def test_duplicate_names_name_both_plugins(monkeypatch):
 
 
 def test_misspelled_hook_is_caught():
-    bad = types.SimpleNamespace(__name__="typo", zoo_api=1, zoo_register_coers=hookimpl(_cores("x")))
+    bad = types.SimpleNamespace(__name__="typo", zoo_api=1, zoo_register_coers=hookimpl(register_cores("x")))
     reg = load_registry([*_base(), inline_source("typo", bad)])
     info = reg.plugins[-1]
     assert info.status == "failed" and "zoo_register_coers" in info.error
@@ -91,7 +77,7 @@ def test_wrong_hook_arguments_are_caught():
     def zoo_register_cores(register, extra):
         pass
 
-    reg = load_registry([*_base(), inline_source("args", _plugin("args", zoo_register_cores=zoo_register_cores))])
+    reg = load_registry([*_base(), inline_source("args", inline_plugin("args", zoo_register_cores=zoo_register_cores))])
     assert reg.plugins[-1].status == "failed" and "extra" in reg.plugins[-1].error
 
 
@@ -100,7 +86,7 @@ def test_wrong_hook_arguments_are_caught():
     ("1", "must be an int"), (1.0, "must be an int"), (True, "must be an int"),
 ])
 def test_plugin_api_version_is_checked(api, fragment):
-    plugin = _plugin("old", zoo_register_cores=_cores("old-core"))
+    plugin = inline_plugin("old", zoo_register_cores=register_cores("old-core"))
     plugin.zoo_api = api
     reg = load_registry([*_base(), inline_source("old", plugin)])
     assert reg.plugins[-1].status == "failed" and fragment in reg.plugins[-1].error
@@ -112,9 +98,9 @@ def test_raising_registration_drops_only_that_plugin():
         register("half-registered", "x:y", params=CoreParams, presets={"tiny": {}})
         raise RuntimeError("registration exploded")
 
-    good1 = inline_source("g1", _plugin("g1", zoo_register_cores=_cores("one")))
-    bad = inline_source("bad", _plugin("bad", zoo_register_cores=explode))
-    good2 = inline_source("g2", _plugin("g2", zoo_register_cores=_cores("two")))
+    good1 = inline_source("g1", inline_plugin("g1", zoo_register_cores=register_cores("one")))
+    bad = inline_source("bad", inline_plugin("bad", zoo_register_cores=explode))
+    good2 = inline_source("g2", inline_plugin("g2", zoo_register_cores=register_cores("two")))
     reg = load_registry([*_base(), good1, bad, good2])
     assert {"one", "two"} <= set(reg.cores) and "half-registered" not in reg.cores
     assert [p.status for p in reg.plugins[-3:]] == ["loaded", "failed", "loaded"]
@@ -124,7 +110,7 @@ def test_a_core_without_tiny_preset_is_refused():
     def no_tiny(register):
         register("big-only", "x:y", params=CoreParams, presets={"big": {}})
 
-    reg = load_registry([*_base(), inline_source("nt", _plugin("nt", zoo_register_cores=no_tiny))])
+    reg = load_registry([*_base(), inline_source("nt", inline_plugin("nt", zoo_register_cores=no_tiny))])
     assert reg.plugins[-1].status == "failed" and "tiny" in reg.plugins[-1].error
 
 
@@ -174,7 +160,7 @@ def test_datasets_and_converters_hooks_register():
     def zoo_register_converters(register):
         register("toyconv", "zoo_core.io.pretrained:read_folder", description="a toy converter")
 
-    plugin = _plugin("dc", zoo_register_datasets=zoo_register_datasets, zoo_register_converters=zoo_register_converters)
+    plugin = inline_plugin("dc", zoo_register_datasets=zoo_register_datasets, zoo_register_converters=zoo_register_converters)
     reg = load_registry([*_base(), inline_source("dc", plugin)])
     assert reg.datasets["toyset"].description == "a toy"
     assert reg.converters["toyconv"].load().__name__ == "read_folder"
@@ -182,9 +168,9 @@ def test_datasets_and_converters_hooks_register():
 
 def test_stacking_policy_hook_registers():
     def zoo_register_stacking_policies(register):
-        register("mirror", "zoo_core.stacking:Independent", description="test policy")
+        register("mirror", "zoo_core.stacking_policies:Independent", description="test policy")
 
-    reg = load_registry([*_base(), inline_source("sp", _plugin("sp", zoo_register_stacking_policies=zoo_register_stacking_policies))])
+    reg = load_registry([*_base(), inline_source("sp", inline_plugin("sp", zoo_register_stacking_policies=zoo_register_stacking_policies))])
     assert reg.stacking_policy("mirror").load()().schedule(3) == [0, 1, 2]
 
 
@@ -195,7 +181,7 @@ def test_discretizer_and_backend_hooks_register():
     def zoo_register_backends(register):
         register("fastkernel", "kernel", "zoo_core.kernels.kernel:kernel_vandermonde", priority=99, requires=("pykeops_is_not_here",))
 
-    reg = load_registry([*_base(), inline_source("db", _plugin("db", zoo_register_discretizers=zoo_register_discretizers, zoo_register_backends=zoo_register_backends))])
+    reg = load_registry([*_base(), inline_source("db", inline_plugin("db", zoo_register_discretizers=zoo_register_discretizers, zoo_register_backends=zoo_register_backends))])
     assert "zoh2" in reg.discretizers
     assert "pykeops_is_not_here" in reg.backend("kernel", "fastkernel").unavailable_reason()
 
@@ -207,7 +193,7 @@ def test_broken_model_code_names_its_plugin():
     def zoo_register_cores(register):
         register("lazy", "zoo_lazy_missing.core:Core", params=CoreParams, presets={"tiny": {}})
 
-    reg = load_registry([*_base(), inline_source("lazy", _plugin("lazy", zoo_register_cores=zoo_register_cores), dist="zoo-lazy", version="0.2")])
+    reg = load_registry([*_base(), inline_source("lazy", inline_plugin("lazy", zoo_register_cores=zoo_register_cores), dist="zoo-lazy", version="0.2")])
     spec = {"schema_version": 1, "task": {"kind": "regression", "outputs": 1}, "input": {"channels": 2},
             "model": {"d_model": 4, "depth": 1, "core": {"kind": "lazy"}}}
     with pytest.raises(PluginLoadError, match=r"zoo_lazy_missing.core:Core.*zoo-lazy 0\.2"):
@@ -221,7 +207,7 @@ def test_cores_resolve_backends_in_the_registry_of_their_spec():
     def zoo_register_backends(register):
         register("myvander", "kernel", "zoo_core.kernels.kernel:kernel_vandermonde", priority=1)
 
-    reg = load_registry([*entry_point_sources(), inline_source("mine", _plugin("mine", zoo_register_backends=zoo_register_backends))])
+    reg = load_registry([*entry_point_sources(), inline_source("mine", inline_plugin("mine", zoo_register_backends=zoo_register_backends))])
     spec = {"schema_version": 1, "task": {"kind": "regression", "outputs": 1}, "input": {"channels": 2},
             "model": {"d_model": 4, "depth": 1, "core": {"kind": "s4d", "preset": "tiny", "backend": "myvander"}}}
     model = build_model(spec, registry=reg)
@@ -231,7 +217,7 @@ def test_cores_resolve_backends_in_the_registry_of_their_spec():
 def test_auto_ranks_backends_per_device():
     """The sequential loop wins on CPU (benchmarks/REPORT_SCAN.md); the parallel scan elsewhere."""
     from zoo_core.backends import resolve
-    from zoo_core.registry import Problem
+    from zoo_core.plugin_registry import Problem
 
     reg = load_registry()
     kw = {"paths": {"recurrent": ("scan",)}, "prefer": ("recurrent",), "reference": {"scan": "naive"}, "who": "t", "registry": reg}
@@ -254,7 +240,7 @@ def test_an_api_mismatch_raises_plugin_api_version_error_recorded_as_the_reason(
 
     with pytest.raises(PluginAPIVersionError, match="API 2"):
         check_api(types.SimpleNamespace(zoo_api=2))
-    old = _plugin("old", zoo_register_cores=_cores("old-core"))
+    old = inline_plugin("old", zoo_register_cores=register_cores("old-core"))
     old.zoo_api = 2
     reg = load_registry([*_base(), inline_source("old", old)])
     assert reg.plugins[-1].error.startswith("PluginAPIVersionError: written for zoo plugin API 2")
@@ -267,7 +253,7 @@ def test_backend_aliases_are_a_registry_feature():
     """A backend may take other names; a name another backend of the op already has reaches the
     alias only where that one cannot serve (Mamba's 'scan' next to zoo-core's parallel 'scan')."""
     from zoo_core.backends import resolve
-    from zoo_core.registry import Problem
+    from zoo_core.plugin_registry import Problem
 
     def only_weird(p):
         return None if p.structure == "weird" else "weird systems only"
@@ -275,7 +261,7 @@ def test_backend_aliases_are_a_registry_feature():
     def zoo_register_backends(register):
         register("weird-loop", "scan", "zoo_core.kernels.scan:scan_naive", supports=only_weird, aliases=("scan", "wl"))
 
-    reg = load_registry([*entry_point_sources(), inline_source("w", _plugin("w", zoo_register_backends=zoo_register_backends))])
+    reg = load_registry([*entry_point_sources(), inline_source("w", inline_plugin("w", zoo_register_backends=zoo_register_backends))])
     weird, diag = Problem(structure="weird", lti=False), Problem(structure="diag")
     assert reg.backend("scan", "wl").name == "weird-loop"
     assert reg.backend("scan", "scan", weird).name == "weird-loop" and reg.backend("scan", "scan", diag).name == "scan"
@@ -297,8 +283,8 @@ def test_capabilities_come_from_the_params_model_and_must_agree():
     def disagree(register):
         register("c2", "zoo_core.testing.toys:ToyDiag", params=CausalParams, presets={"tiny": {}}, capabilities={"step"})
 
-    reg = load_registry([*_base(), inline_source("a", _plugin("a", zoo_register_cores=agree)),
-                         inline_source("d", _plugin("d", zoo_register_cores=disagree))])
+    reg = load_registry([*_base(), inline_source("a", inline_plugin("a", zoo_register_cores=agree)),
+                         inline_source("d", inline_plugin("d", zoo_register_cores=disagree))])
     assert reg.cores["c1"].capabilities == CausalParams.capabilities
     assert reg.plugins[-1].status == "failed" and "declare them once, on the params model" in reg.plugins[-1].error
 

@@ -13,16 +13,16 @@ import subprocess
 import sys
 import textwrap
 import time
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from zoo_core import hookspecs
 from zoo_core.errors import NameConflictError, PluginLoadError
 from zoo_core.params import CoreParams
+from zoo_core.plugin_registry import Provider
 from zoo_core.plugins import PluginSource, _make_register, entry_point_sources, inline_source, load_registry
-from zoo_core.registry import Provider
 from zoo_core.testing.helpers import inline_plugin, model_spec, register_cores
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +97,7 @@ def test_building_a_contested_core_fails_with_exit_4_naming_both():
 
 def test_zoo_core_keeps_its_own_names_with_proper_labels():
     def zoo_register_stacking_policies(register):
-        register("periodic", "zoo_core.stacking:Independent", description="hijack")
+        register("periodic", "zoo_core.stacking_policies:Independent", description="hijack")
 
     sp = inline_source("sp", inline_plugin("sp", zoo_register_stacking_policies=zoo_register_stacking_policies), dist="zoo-sp")
     reg = load_registry([sp, *[s for s in _installed() if s.dist == "zoo-core"]])
@@ -369,7 +369,7 @@ def test_loading_weights_of_a_contested_core_is_a_plugin_error_not_the_files():
 
 
 def test_pulling_weights_of_a_contested_core_names_both_plugins_not_a_missing_one():
-    from zoo_core.hub.api import check_plugins
+    from zoo_core.hub.create import check_plugins
 
     base = [s for s in _installed() if s.dist != "zoo-s4d"]
     reg = load_registry([*base, _src("a", "zoo-a", "s4d"), _src("b", "zoo-b", "s4d")])

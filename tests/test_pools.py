@@ -8,7 +8,7 @@ import torch
 
 from zoo_core.build import build_model
 from zoo_core.errors import UsageError
-from zoo_core.pools import POOLS, LastPool, MeanLogitsPool, MeanPool, Pool, make_pool
+from zoo_core.nn.pools import POOLS, LastPool, MeanLogitsPool, MeanPool, Pool, make_pool
 
 F64 = torch.float64
 

@@ -113,7 +113,7 @@ def test_the_card_is_the_bundled_readme_and_states_what_it_must(tag):
     results = meta["model-index"][0]["results"]
     carded = {(r["dataset"]["name"], r["dataset"]["split"], m["type"]): m["value"] for r in results for m in r["metrics"]}
     assert carded == {(m.dataset, m.split, m.metric): m.value for m in entry.metrics}
-    from zoo_core.blocks import count_params
+    from zoo_core.nn.blocks import count_params
 
     params = count_params(create_model(tag, pretrained=False))
     assert f"- parameters: {params:,}" in text

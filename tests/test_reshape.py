@@ -12,8 +12,9 @@ from zoo_core.build import build_model
 from zoo_core.errors import SpecError
 from zoo_core.factory import load_pretrained
 from zoo_core.io.pretrained import save_pretrained
-from zoo_core.reshape import InputReshaper
+from zoo_core.nn.reshape import InputReshaper
 from zoo_core.spec import load_spec
+from zoo_core.testing.helpers import cores_with, unroll
 
 F64 = torch.float64
 
@@ -52,16 +53,7 @@ def test_lengths_zero_the_values_past_each_sample_and_count_model_steps():
     assert y[1, 1].tolist() == [1, 1, 0, 0, 0, 0] and y[1, 2].abs().sum() == 0
 
 
-def unroll(model, x):
-    state = model.init_state(x.shape[0])
-    outs = []
-    for t in range(x.shape[1]):
-        y, state = model.step(x[:, t], state)
-        outs.append(y)
-    return outs
-
-
-@pytest.mark.parametrize("core", ["lru", "s4d", "s5", "linoss"])
+@pytest.mark.parametrize("core", cores_with("step"))
 @pytest.mark.parametrize("c,channels", [(6, 3), (9, 3), (2, 5), (4, 5)])
 def test_step_gives_the_parallel_prediction_at_every_prefix(core, c, channels):
     model = build_model(spec(c, channels, core=core), seed=0).double().eval()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import importlib
 import sys
-import tomllib
 
 import pytest
+import tomllib
 
 from zoo_core.cli import main
 from zoo_core.errors import UsageError

@@ -13,7 +13,6 @@ import pytest
 from zoo_core.cli import main
 from zoo_core.tokenizer import VOCAB_FILE, CharTokenizer, TokenizerError
 
-
 ROOT = Path(__file__).resolve().parents[1]
 TAG = "mamba-char.shakespeare"
 ARGS = ["generate", TAG, "--prompt", "ROMEO:", "--max-new-tokens", "20", "--temperature", "0"]

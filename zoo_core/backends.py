@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from .errors import BackendUnavailableError, UnknownNameError, did_you_mean
+from .logs import log_once
+from .plugin_registry import BackendEntry, Problem, Registry
+from .plugins import get_registry  # the registry in use; a module import would be a cycle
 from .protocols import ConvOp, KernelOp, ScanOp, SelectiveScanOp
-from .registry import BackendEntry, Problem, Registry
 
 log = logging.getLogger("zoo_core.backends")
-_LOGGED: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -148,8 +149,6 @@ def resolve(
 ) -> BackendChoice:
     """Resolve a backend setting for one core; log an ``auto`` choice once with its reason."""
     if registry is None:
-        from .plugins import get_registry  # the registry in use; a module import would be a cycle
-
         registry = get_registry()
     pinned = dict(pinned or {})
     if setting == "naive":
@@ -177,12 +176,12 @@ def resolve(
         except BackendUnavailableError as exc:
             errors.append(str(exc))
             continue
-        how = f"the core pins {fixed} on {problem.device} (measured fastest there)" if fixed else f"highest priority on {problem.device} wins"
-        choice = BackendChoice(path, entries, f"auto: first path in {list(prefer)} whose ops all have a backend for a {_describe(problem)}; {how}")
+        how = (f"the core pins {fixed} on {problem.device} (measured fastest there)" if fixed
+               else f"highest priority on {problem.device} wins")
+        choice = BackendChoice(path, entries,
+                               f"auto: first path in {list(prefer)} whose ops all have a backend for a {_describe(problem)}; {how}")
         msg = f"{who}: backend auto -> {choice.label()} ({choice.reason})"
-        if msg not in _LOGGED:
-            _LOGGED.add(msg)
-            log.info(msg)
+        log_once(log, logging.INFO, msg, "%s", msg)
         return choice
     raise BackendUnavailableError(" ".join(errors))
 
@@ -196,8 +195,6 @@ def all_choices(
 ) -> list[BackendChoice]:
     """Every combination of available backends that can serve ``problem``, path by path."""
     if registry is None:
-        from .plugins import get_registry
-
         registry = get_registry()
     out = []
     for path, ops in paths.items():

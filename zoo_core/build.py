@@ -11,18 +11,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from .adaptive import AdaptiveConfig
-from .blocks import count_params, make_block, make_mlp_or_linear, make_norm
 from .logs import log_once
-from .model import SequenceModel
-from .reshape import InputReshaper
+from .nn.adaptive import AdaptiveConfig
+from .nn.blocks import count_params, make_block, make_mlp_or_linear, make_norm
+from .nn.model import SequenceModel
+from .nn.pools import make_pool
+from .nn.reshape import InputReshaper
+from .nn.stack import Stack
+from .plugin_registry import Registry
 from .plugins import using_registry
-from .pools import make_pool
-from .registry import Registry
 from .spec import Spec, load_spec
-from .stack import Stack
-from .stacking import pattern
-
+from .stacking_policies import pattern
 
 log = logging.getLogger(__name__)
 

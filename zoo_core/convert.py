@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from .errors import CheckpointError, PluginLoadError, SpecError, UnknownNameError, did_you_mean
+from .plugins import get_registry
 
 log = logging.getLogger("zoo_core.convert")
 
@@ -47,7 +48,6 @@ class Converter(Protocol):
 def _registry(registry: Any) -> Any:
     if registry is not None:
         return registry
-    from .plugins import get_registry
 
     return get_registry()
 
@@ -116,7 +116,7 @@ def convert_checkpoint(
         SpecError: a missing source, a bad destination, no / several converters, an architecture
             the zoo cannot express. CheckpointError: unreadable or inconsistent checkpoint files.
     """
-    from .io.pretrained import save_pretrained
+    from .io.pretrained import save_pretrained  # lazy: keeps safetensors, torch out of convert
 
     src, dst = Path(source), Path(destination)
     if not src.is_dir():
@@ -138,7 +138,7 @@ def convert_checkpoint(
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from .build import summary
+    from .build import summary  # lazy: keeps torch out of convert
 
     path, name, model = convert_checkpoint(args.source, args.destination, converter=args.converter, overwrite=args.overwrite)
     print(summary(model))

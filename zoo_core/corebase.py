@@ -39,8 +39,9 @@ from torch import Tensor, nn
 from .backends import BackendChoice, BoundOps, resolve
 from .errors import CoreArgumentError
 from .params import CoreParams
+from .plugin_registry import Problem
+from .plugins import get_registry  # the registry the core is built in (using_registry)
 from .protocols import BoundDiscretizer, OptimHint, State
-from .registry import Problem
 
 F = TypeVar("F", bound=Callable[..., Any])
 _PATH_ATTR = "__zoo_path__"
@@ -191,8 +192,6 @@ class CoreBase(nn.Module):
     def discretizer_for(self, name: str, structure: str | None = None) -> BoundDiscretizer:
         """The registered discretizer ``name`` with ``structure`` (default: the problem's) bound, its
         attributes kept (e.g. a stability bound); refused naming both when it does not handle that structure."""
-        from .plugins import get_registry  # the registry the core is built in (using_registry)
-
         structure = structure or self.problem.structure
         entry = get_registry().discretizer(name)
         if structure not in entry.structures:

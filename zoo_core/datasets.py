@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .errors import SpecError, UnknownNameError, ZooError, did_you_mean
+from .plugins import env_flag, get_registry
 
 TASKS = ("classification", "regression", "lm")
 
@@ -154,9 +155,11 @@ def check_spec_fits(info: DatasetInfo, env: Any, where: str = "spec") -> None:
         raise SpecError(f"{where}: task.kind is {task.kind!r} but {name!r} is a {info.task} dataset; "
                         f"train a {info.task} spec on it ({want}) or choose a {task.kind} dataset (zoo list --kind datasets)")
     if info.task == "classification" and task.classes != info.classes:
-        raise SpecError(f"{where}: task.classes is {task.classes} but {name!r} has {info.classes} classes; set task.classes: {info.classes}")
+        raise SpecError(f"{where}: task.classes is {task.classes} but {name!r} has {info.classes} classes; "
+                        f"set task.classes: {info.classes}")
     if info.task == "regression" and task.outputs != info.outputs:
-        raise SpecError(f"{where}: task.outputs is {task.outputs} but {name!r} has {info.outputs} target(s); set task.outputs: {info.outputs}")
+        raise SpecError(f"{where}: task.outputs is {task.outputs} but {name!r} has {info.outputs} target(s); "
+                        f"set task.outputs: {info.outputs}")
     if info.task == "lm":
         if inp.vocab_size is None or inp.vocab_size < (info.vocab_size or 0):
             raise SpecError(f"{where}: input.vocab_size is {inp.vocab_size} but {name!r} uses {info.vocab_size} tokens; "
@@ -171,7 +174,6 @@ def check_spec_fits(info: DatasetInfo, env: Any, where: str = "spec") -> None:
 def _registry(registry: Any) -> Any:
     if registry is not None:
         return registry
-    from .plugins import get_registry
 
     return get_registry()
 
@@ -247,8 +249,6 @@ def data_home() -> Path:
 
 def offline() -> bool:
     """True when ``ZOO_OFFLINE`` or ``HF_HUB_OFFLINE`` is set: never try a download."""
-    from .plugins import env_flag
-
     return env_flag("ZOO_OFFLINE") or env_flag("HF_HUB_OFFLINE")
 
 

@@ -122,7 +122,7 @@ def meta_model(spec: Any, *, registry: Any = None) -> Any:
     """
     import torch
 
-    from .build import build_model
+    from .build import build_model  # lazy: keeps torch out of footprint
 
     try:
         with torch.device("meta"):

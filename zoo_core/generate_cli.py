@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecError
+from .hub.pulling import pull
+from .tokenizer import CharTokenizer
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -38,14 +40,11 @@ def continue_text(model_ref: str, prompt: str, *, max_new_tokens: int = 200, tem
     """
     import torch
 
-    from .generate import generate
-    from .factory import load_pretrained
-    from .tokenizer import CharTokenizer
+    from .factory import load_pretrained  # lazy: keeps safetensors, torch out of generate_cli
+    from .generate import generate  # lazy: keeps torch out of generate_cli
 
     folder = Path(model_ref)
     if not folder.is_dir():
-        from .hub.api import pull
-
         folder = Path(pull(model_ref).path)
     tokenizer = CharTokenizer.from_pretrained(folder)
     ids = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long)  # (1, L)

@@ -32,7 +32,7 @@ class RegisterCore(Protocol):
 
 
 class RegisterBackend(Protocol):
-    """The ``register`` of ``zoo_register_backends``; ``supports`` takes a ``zoo_core.registry.Problem``."""
+    """The ``register`` of ``zoo_register_backends``; ``supports`` takes a ``zoo_core.plugin_registry.Problem``."""
 
     def __call__(self, name: str, op: str, target: Any, *, priority: int = 0, supports: Callable[[Any], str | None] | None = None,
                  requires: Sequence[str] = (), description: str = "", device_priority: Mapping[str, int] | None = None,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .plugin_catalogue import plugin_owners
-from .registry import Conflict, Registry
+from .plugin_registry import Conflict, Registry
 
 CORE_DIST = "zoo-core"
 

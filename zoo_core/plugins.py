@@ -39,7 +39,7 @@ from . import hookspecs
 from .errors import DuplicateNameError, PluginAPIVersionError, PluginLoadError
 from .plugin_conflicts import CORE_DIST, resolve_claims
 from .plugin_guard import CtrlC, TorchImportWatch, guarded_torch_state, watching_torch_import
-from .registry import (
+from .plugin_registry import (
     KIND_LABELS,
     OPS,
     BackendEntry,

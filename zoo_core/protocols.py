@@ -78,7 +78,7 @@ class BoundDiscretizer(Protocol):
 class KernelBackend(Protocol):
     """One implementation of one op ("kernel", "conv" or "scan"), as registered: ``load()`` returns
     a callable of the op's signature (``KernelOp``, ``ConvOp``, ``ScanOp`` or ``SelectiveScanOp``);
-    see ``zoo_core.registry.BackendEntry``."""
+    see ``zoo_core.plugin_registry.BackendEntry``."""
 
     name: str
     op: str

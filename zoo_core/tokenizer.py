@@ -19,7 +19,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .defaults.datasets import SHAKESPEARE_VOCAB, _plays
 from .errors import CheckpointError, ZooError
+from .hub.pulling import pull
+from .io.atomic import atomic_write_file
 
 __all__ = ["VOCAB_FILE", "CharTokenizer", "TokenizerError"]
 
@@ -87,8 +90,6 @@ class CharTokenizer:
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """Write ``directory/vocab.json`` atomically; returns its path."""
-        from .io.atomic import atomic_write_file
-
         path = Path(directory) / VOCAB_FILE
         atomic_write_file(path, self.to_json())
         return path
@@ -118,8 +119,6 @@ class CharTokenizer:
         """
         folder = Path(ref_or_dir)
         if not folder.is_dir():
-            from .hub.api import pull
-
             folder = Path(pull(str(ref_or_dir)).path)
         path = folder / VOCAB_FILE
         if not path.is_file():
@@ -132,7 +131,6 @@ class CharTokenizer:
         """The vocabulary a registered character dataset trains with (Shakespeare: its 84 characters)."""
         if name.casefold() != "shakespeare":
             raise TokenizerError(f"no character vocabulary is known for dataset {name!r}; only Shakespeare's")
-        from .defaults.datasets import SHAKESPEARE_VOCAB, _plays
 
         tokens = _plays()[1]
         if len(tokens) != SHAKESPEARE_VOCAB:

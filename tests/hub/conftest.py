@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from zoo_core.testing.hub_server import WRITE_TOKEN, HubServer
 from zoo_core.testing.helpers import model_spec
+from zoo_core.testing.hub_server import WRITE_TOKEN, HubServer
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

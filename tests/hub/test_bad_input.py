@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from zoo_core.cli.hub import main
 from zoo_core.errors import CheckpointError
 from zoo_core.hub import HubError, MissingPluginError, create_model, pull, push_to_hub
 from zoo_core.io.pretrained import save_pretrained
-from zoo_core.cli.hub import main
 from zoo_core.testing.hub_server import WRITE_TOKEN
 
 
@@ -129,7 +129,7 @@ def test_the_server_enforces_the_protocol(hub):
 
 def test_a_file_with_neither_pin_nor_announced_hash_is_reported_unverified(tmp_path):
     """A --local-dir pull whose download metadata is gone cannot be checked: said, not silently passed."""
-    from zoo_core.hub.api import _verify
+    from zoo_core.hub.pulling import _verify
 
     (tmp_path / "config.json").write_text("{}")
     verdict = _verify(tmp_path, ["config.json"], {}, local_dir=True, repo_id="org/x", commit=None, token=None, offline=True)

@@ -9,11 +9,11 @@ import pytest
 import torch
 import yaml
 
+from zoo_core.cli.hub import info_pretrained, list_pretrained_rows
 from zoo_core.errors import CheckpointError, SpecError, UnknownNameError
 from zoo_core.hub import create_model, pull, push_to_hub, render_card
 from zoo_core.hub.catalogue import check_catalogue, load_catalogue
 from zoo_core.io.pretrained import save_pretrained
-from zoo_core.cli.hub import info_pretrained, list_pretrained_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = [{"dataset": "basicmotions", "split": "test", "metric": "accuracy", "value": 0.925}]

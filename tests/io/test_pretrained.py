@@ -4,7 +4,6 @@ and failed saves that leave the old folder intact."""
 from __future__ import annotations
 
 import hashlib
-
 import json
 import os
 

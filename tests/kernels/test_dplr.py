@@ -295,8 +295,8 @@ def test_kernel_naive_dispatches_dplr() -> None:
 
 
 def test_registry() -> None:
+    from zoo_core.plugin_registry import Problem
     from zoo_core.plugins import load_registry
-    from zoo_core.registry import Problem
 
     reg = load_registry()
     cauchy = reg.backend("kernel", "cauchy")

@@ -22,8 +22,8 @@ from zoo_core.errors import BackendUnavailableError
 from zoo_core.kernels import keops
 from zoo_core.kernels.dplr import kernel_cauchy
 from zoo_core.kernels.systems import DPLRSystem
+from zoo_core.plugin_registry import Problem
 from zoo_core.plugins import load_registry
-from zoo_core.registry import Problem
 from zoo_core.testing import assert_close
 from zoo_s4.core import S4
 

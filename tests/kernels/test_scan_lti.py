@@ -65,8 +65,8 @@ def test_refuses_time_varying_or_block_structures():
 
 
 def test_registered_for_lti_diagonal_problems_only():
+    from zoo_core.plugin_registry import Problem
     from zoo_core.plugins import get_registry
-    from zoo_core.registry import Problem
 
     entry = get_registry().backend("scan", "chunked")
     assert entry.supports(Problem(structure="diag", lti=True)) is None

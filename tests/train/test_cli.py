@@ -31,6 +31,7 @@ def test_regression_spec_on_classification_set_fails_before_training(tmp_path, c
 @pytest.mark.requires("aeon")
 def test_network_dataset_offline_fails_before_training(tmp_path, capsys, monkeypatch):
     import aeon.datasets._data_loaders as loaders
+
     from zoo_core.defaults import datasets as defaults
 
     def no_network(*a, **k):

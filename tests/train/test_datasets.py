@@ -8,8 +8,7 @@ import urllib.error
 import numpy as np
 import pytest
 
-from zoo_core.datasets import (DatasetUnavailableError, MissingDependencyError, dataset_info, get_dataset,
-                               list_datasets, resolve_name)
+from zoo_core.datasets import DatasetUnavailableError, MissingDependencyError, dataset_info, get_dataset, list_datasets, resolve_name
 from zoo_core.errors import SpecError, UnknownNameError
 from zoo_core.spec.schema import ModelSpec
 from zoo_core.testing.helpers import cores_with, model_spec
@@ -74,6 +73,7 @@ def test_missing_optional_package_names_the_install_command(monkeypatch):
 def test_network_dataset_fails_offline_with_a_clear_message(monkeypatch, tmp_path):
     """The download path is made to fail (no network is ever reached)."""
     import aeon.datasets._data_loaders as loaders
+
     from zoo_core.defaults import datasets as defaults
 
     calls = []

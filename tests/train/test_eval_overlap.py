@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from zoo_core.cli.train import main
 from zoo_core.hookspecs import hookimpl
 from zoo_core.hub.catalogue import load_catalogue
-from zoo_core.cli.train import main
+from zoo_core.plugins import using_registry
 from zoo_core.train.evaluate import SplitOverlapError, evaluate_model
 from zoo_core.train.progress import Progress
 from zoo_core.train.run import train
 
 from .conftest import tiny_spec
-
 
 ROOT = Path(__file__).resolve().parents[2]
 TAG = "s4d-small.japanesevowels"
@@ -58,16 +58,14 @@ def test_the_models_own_protocol_and_the_train_split_are_not_refused():
 
 
 def test_a_run_folder_records_its_split_and_the_other_protocol_is_refused(tmp_path, synth_registry, monkeypatch):
-    import zoo_core.plugins
-
     spec = tiny_spec(tmp_path, classes=3, channels=2,
                      training={"dataset": "Synth3", "batch_size": 8, "epochs": 1, "lr": 1e-2, "protocol": "seed-split"})
     train(spec, output=tmp_path / "run", registry=synth_registry, progress=Progress(quiet=True))
-    monkeypatch.setattr(zoo_core.plugins, "get_registry", lambda *a, **k: synth_registry)
     best = tmp_path / "run" / "seed-0" / "lr-0.01" / "best"
-    assert evaluate_model(best, device="cpu")["protocol"] == "seed-split"
-    with pytest.raises(SplitOverlapError, match="of Synth3 are sequences the model was trained on"):
-        evaluate_model(best, protocol="official", device="cpu")
+    with using_registry(synth_registry):
+        assert evaluate_model(best, device="cpu")["protocol"] == "seed-split"
+        with pytest.raises(SplitOverlapError, match="of Synth3 are sequences the model was trained on"):
+            evaluate_model(best, protocol="official", device="cpu")
 
 
 class OtherPlugin:
@@ -84,7 +82,6 @@ class OtherPlugin:
 
 def test_another_dataset_is_not_checked_against_the_training_datasets_split(tmp_path, synth_registry, monkeypatch):
     """The training split a run names is a split of its own dataset: on another dataset it names nothing."""
-    import zoo_core.plugins
     from zoo_core.plugins import entry_point_sources, inline_source, load_registry
 
     from .conftest import SynthPlugin
@@ -93,6 +90,6 @@ def test_another_dataset_is_not_checked_against_the_training_datasets_split(tmp_
     spec = tiny_spec(tmp_path, classes=3, channels=2,
                      training={"dataset": "Synth3", "batch_size": 8, "epochs": 1, "lr": 1e-2, "protocol": "seed-split"})
     train(spec, output=tmp_path / "run", registry=registry, progress=Progress(quiet=True))
-    monkeypatch.setattr(zoo_core.plugins, "get_registry", lambda *a, **k: registry)
-    got = evaluate_model(tmp_path / "run" / "seed-0" / "lr-0.01" / "best", dataset="Other3", protocol="official", device="cpu")
+    with using_registry(registry):
+        got = evaluate_model(tmp_path / "run" / "seed-0" / "lr-0.01" / "best", dataset="Other3", protocol="official", device="cpu")
     assert got["dataset"] == "Other3" and "overlap_with_training" not in got

@@ -20,8 +20,9 @@ def _opt():
 
 
 def test_optimizer_round_trip_is_exact(tmp_path):
-    from safetensors.torch import load_file, save_file
     import json
+
+    from safetensors.torch import load_file, save_file
 
     opt, real, cplx = _opt()
     tensors, meta = flatten_optimizer(opt.state_dict())

@@ -14,15 +14,16 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..hub.catalogue import load_catalogue
+from ..hub.pulling import pull
+from ..hub.pushing import push_to_hub
 from .runner import run
 
 if TYPE_CHECKING:
-    from ..hub.api import PullResult
+    from ..hub.pulling import PullResult
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    from ..hub.api import push_to_hub
-
     res = push_to_hub(args.directory, args.repo_id, revision=args.revision, private=True if args.private else None,
                       commit_message=args.commit_message, create_pr=args.create_pr)
     if getattr(args, "json", False):
@@ -34,8 +35,6 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from ..hub.api import pull
-
     res = pull(args.ref, revision=args.revision, cache_dir=args.cache_dir, local_dir=args.local_dir,
                force_download=args.force_download, source=args.source, require_verified=args.require_verified or None)
     if args.json:
@@ -85,8 +84,6 @@ def register_cli(subparsers: Any) -> None:
 
 def list_pretrained_rows(pattern: str = "*", *, path: str | None = None) -> list[dict[str, Any]]:
     """Rows of ``zoo list --pretrained``: one per catalogued ``arch.tag`` matching ``pattern``."""
-    from ..hub.catalogue import load_catalogue
-
     return [e.row() for e in load_catalogue(path).filter(pattern)]
 
 
@@ -106,8 +103,6 @@ def cmd_list_pretrained(args: argparse.Namespace) -> int:
 
 def info_pretrained(name: str, *, path: str | None = None) -> dict[str, Any]:
     """Everything the catalogue knows about ``arch.tag`` (or ``arch``'s default tag)."""
-    from ..hub.catalogue import load_catalogue
-
     e = load_catalogue(path).get(name)
     return {**e.row(), "kind": "pretrained", "spec": e.spec, "files": e.files, "card": str(e.card) if e.card else None,
             "datasets": list(e.datasets), "description": e.description}

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
+from ..spec.training import PAPER_LR_GRID, PAPER_SEEDS
+from ..train.progress import Progress
 from .runner import add_memory_flags, run
 
 
 def _floats(text: str) -> list[float]:
-    from ..spec.training import PAPER_LR_GRID
-
     if text == "paper":
         return list(PAPER_LR_GRID)
     try:
@@ -29,8 +29,6 @@ def _floats(text: str) -> list[float]:
 
 
 def _ints(text: str) -> list[int]:
-    from ..spec.training import PAPER_SEEDS
-
     if text == "paper":
         return list(PAPER_SEEDS)
     try:
@@ -40,8 +38,7 @@ def _ints(text: str) -> list[int]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ..train.progress import Progress
-    from ..train.run import train
+    from ..train.run import train  # lazy: keeps safetensors, torch out of train
 
     lr = args.lr[0] if args.lr is not None and len(args.lr) == 1 else args.lr
     overrides: dict[str, Any] = {
@@ -75,7 +72,7 @@ def _print_summary(metrics: dict[str, Any], output: str) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from ..train.evaluate import evaluate_model
+    from ..train.evaluate import evaluate_model  # lazy: keeps safetensors, torch out of train
 
     options = {"epsilon": args.epsilon, "max_depth": args.max_depth, "min_depth": args.min_depth, "stop_at": args.stop_at}
     if not args.adaptive and any(v is not None for v in options.values()):
@@ -112,7 +109,8 @@ def register_cli(sub: Any) -> None:
     add_memory_flags(s)
     s.set_defaults(fn=cmd_train)
     e = sub.add_parser("eval", help="score a saved model on a dataset split (optionally with adaptive depth)")
-    e.add_argument("model_dir", metavar="MODEL", help="a saved model folder or a reference: arch.tag, hf-hub:org/name[@rev], local-dir:path")
+    e.add_argument("model_dir", metavar="MODEL",
+                   help="a saved model folder or a reference: arch.tag, hf-hub:org/name[@rev], local-dir:path")
     e.add_argument("--dataset", help="default: the dataset the model was trained on")
     e.add_argument("--split", default="test", choices=("train", "val", "test"))
     e.add_argument("--protocol", choices=("seed-split", "official"), help="default: the training run's")

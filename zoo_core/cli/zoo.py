@@ -14,15 +14,18 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ZooError
+from ..errors import UnknownNameError, ZooError, did_you_mean
+from ..footprint import available_memory, check_build, estimate, fmt_bytes
+from ..plugins import call_command_hooks, get_registry
+from ..spec import load_spec
+from ..spec.jsonschema import full_schema
+from .hub import cmd_info_pretrained, cmd_list_pretrained
 from .runner import add_memory_flags, run
 
 log = logging.getLogger("zoo_core.cli")
 
 
 def _registry() -> Any:
-    from ..plugins import get_registry
-
     return get_registry()
 
 
@@ -53,8 +56,6 @@ def _rows(kind: str) -> list[dict[str, Any]]:
 
 def cmd_list(args: argparse.Namespace) -> int:
     if args.pretrained:
-        from .hub import cmd_list_pretrained
-
         return cmd_list_pretrained(args)
     kinds = [args.kind] if args.kind else list(LIST_KINDS)
     table = {k: [r for r in _rows(k) if fnmatch.fnmatch(r["name"], args.pattern)] for k in kinds}
@@ -101,13 +102,9 @@ def _info_matches(reg: Any, name: str) -> list[dict[str, Any]]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from ..errors import UnknownNameError, did_you_mean
-
     reg = _registry()
     found = _info_matches(reg, args.name)
     if not found:  # arch.tag: a pretrained model in registry.yaml's catalogue?
-        from .hub import cmd_info_pretrained
-
         try:
             return cmd_info_pretrained(args)
         except UnknownNameError:
@@ -146,9 +143,6 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 # spec commands --------------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
-    from ..footprint import available_memory, estimate, fmt_bytes
-    from ..spec import load_spec
-
     spec = load_spec(args.spec)
     m = spec.envelope.model
     print(f"{args.spec}: ok ({spec.core.name} from {spec.core.provider.dist}, depth {m.depth}, d_model {m.d_model})")
@@ -161,17 +155,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from ..spec.jsonschema import full_schema
-
     print(json.dumps(full_schema(_registry()), indent=2))
     return 0
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from ..build import build_model, summary
-    from ..footprint import check_build
-    from ..io.pretrained import check_destination, save_pretrained
-    from ..spec import load_spec
+    from ..build import build_model, summary  # lazy: keeps torch out of zoo
+    from ..io.pretrained import check_destination, save_pretrained  # lazy: keeps safetensors, torch out of zoo
 
     if args.output:
         check_destination(args.output)  # before building: a path under a file fails at once
@@ -186,9 +176,9 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from ..build import summary
-    from ..factory import load_pretrained
-    from ..io.pretrained import read_folder
+    from ..build import summary  # lazy: keeps torch out of zoo
+    from ..factory import load_pretrained  # lazy: keeps safetensors, torch out of zoo
+    from ..io.pretrained import read_folder  # lazy: keeps safetensors, torch out of zoo
 
     _, info = read_folder(args.directory, allow_nonfinite=args.allow_nonfinite)
     model = load_pretrained(args.directory, allow_nonfinite=args.allow_nonfinite)
@@ -200,7 +190,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
-    from ..demo import stream_demo
+    from ..demo import stream_demo  # lazy: keeps torch out of zoo
 
     return stream_demo(args.spec, dataset=args.dataset, index=args.index, seed=args.seed)
 
@@ -277,8 +267,6 @@ def _builtin_commands(sub: Any) -> None:
 
 def _plugin_commands(sub: Any) -> None:
     """Let plugins add subcommands; a failing plugin loses only its own commands."""
-    from ..plugins import call_command_hooks
-
     try:
         problems = call_command_hooks(sub)
     except ZooError as exc:  # the registry itself failed (strict mode, duplicate names)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..hookspecs import RegisterBackend, hookimpl
-from ..registry import Problem
+from ..plugin_registry import Problem
 
 Supports = Callable[[Problem], str | None]
 
@@ -47,7 +47,7 @@ def _keops_supports(p: Problem) -> str | None:
     reason = _kernel("dplr")(p)
     if reason is not None:
         return reason
-    from ..kernels.keops import runtime_reason  # imports torch: only when asked
+    from ..kernels.keops import runtime_reason  # imports torch: only when asked  # lazy: keeps torch out of backends
 
     return runtime_reason()
 
@@ -62,10 +62,12 @@ def zoo_register_backends(register: RegisterBackend) -> None:
              description="diagonal systems: blocked Vandermonde product, exp only on O(N·(T + L/T)) entries, memory O(H·(N·√L + L))")
     register("cauchy", "kernel", "zoo_core.kernels.dplr:kernel_cauchy", priority=10,
              supports=_kernel("dplr"),
-             description="DPLR (S4) systems: generating function at the roots of unity, four chunked Cauchy sums and a division-free rank-1 Woodbury, then irfft; memory O(H·(N + L)) plus one chunk")
+             description="DPLR (S4) systems: generating function at the roots of unity, four chunked Cauchy sums and a "
+                         "division-free rank-1 Woodbury, then irfft; memory O(H·(N + L)) plus one chunk")
     register("keops", "kernel", "zoo_core.kernels.keops:kernel_cauchy_keops", priority=5,
              supports=_keops_supports, requires=("pykeops",),
-             description="DPLR (S4) systems: kernel_cauchy with the four Cauchy sums fused in one pykeops reduction (JIT-compiled on first use); optional: pip install pykeops")
+             description="DPLR (S4) systems: kernel_cauchy with the four Cauchy sums fused in one pykeops reduction "
+                         "(JIT-compiled on first use); optional: pip install pykeops")
     register("naive", "conv", "zoo_core.kernels.conv:conv_naive", priority=0, supports=_lti_only,
              description="reference: direct causal convolution, O(L²)")
     register("fft", "conv", "zoo_core.kernels.conv:conv_fft", priority=10, supports=_lti_only,

@@ -12,12 +12,12 @@ from .errors import HubConnectionError, HubError, MissingPluginError
 from .refs import ModelRef, parse_ref
 
 _LAZY = {
-    "create_model": "zoo_core.hub.api",
-    "pull": "zoo_core.hub.api",
-    "pull_hub": "zoo_core.hub.api",
-    "push_to_hub": "zoo_core.hub.api",
-    "PullResult": "zoo_core.hub.api",
-    "PushResult": "zoo_core.hub.api",
+    "create_model": "zoo_core.hub.create",
+    "pull": "zoo_core.hub.pulling",
+    "pull_hub": "zoo_core.hub.pulling",
+    "push_to_hub": "zoo_core.hub.pushing",
+    "PullResult": "zoo_core.hub.pulling",
+    "PushResult": "zoo_core.hub.pushing",
     "render_card": "zoo_core.hub.card",
     "load_catalogue": "zoo_core.hub.catalogue",
     "check_catalogue": "zoo_core.hub.catalogue",

@@ -39,6 +39,8 @@ import yaml
 
 from ..errors import SpecError, UnknownNameError, did_you_mean
 from ..plugin_catalogue import default_path
+from ..spec import load_spec
+from ..spec.yaml_loader import load_yaml_file
 from .refs import _ARCH, _TAG, check_repo_id
 
 ENTRY_KEYS = {"default", "spec", "source", "files", "metrics", "card", "license", "datasets", "description", "tags"}
@@ -136,7 +138,8 @@ def _check_keys(value: Any, allowed: set[str], path: Path | None, where: str) ->
         raise _fail(path, where, f"expected a mapping, got {type(value).__name__}")
     unknown = sorted(set(value) - allowed)
     if unknown:
-        raise _fail(path, where, f"unknown key {unknown[0]!r};{did_you_mean(str(unknown[0]), allowed)} allowed: {', '.join(sorted(allowed))}")
+        raise _fail(path, where, f"unknown key {unknown[0]!r};{did_you_mean(str(unknown[0]), allowed)} "
+                                 f"allowed: {', '.join(sorted(allowed))}")
     return dict(value)
 
 
@@ -144,8 +147,6 @@ def _load_spec(value: Any, root: Path, path: Path | None, where: str) -> dict[st
     if isinstance(value, Mapping):
         return dict(value)
     if isinstance(value, str):
-        from ..spec.yaml_loader import load_yaml_file
-
         spec_path = root / value
         if not spec_path.is_file():
             raise _fail(path, f"{where}.spec", f"{spec_path} does not exist")
@@ -241,8 +242,6 @@ def check_catalogue(catalogue: Catalogue, *, registry: Any = None) -> list[str]:
     ``model.safetensors`` / ``config.json`` are pinned; the card exists and, when ``README.md`` is
     pinned, is byte-identical to it. Returns an empty list when everything agrees.
     """
-    from ..spec import load_spec
-
     problems: list[str] = []
     for e in catalogue.filter():
         try:

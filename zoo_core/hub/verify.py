@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..io.atomic import atomic_write_file
+from ..plugins import env_flag
 from .catalogue import sha256_file
 
 log = logging.getLogger("zoo_core.hub")
@@ -162,8 +164,6 @@ def read_cache_record(repo_folder: Path, commit: str) -> dict[str, tuple[str, st
 
 def write_cache_record(repo_folder: Path, commit: str, verdict: Verdict) -> None:
     """Remember what was verified (and only that), so an offline re-load is checked against it."""
-    from ..io.atomic import atomic_write_file
-
     path = repo_folder / CACHE_RECORD
     try:
         data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
@@ -171,7 +171,8 @@ def write_cache_record(repo_folder: Path, commit: str, verdict: Verdict) -> None
         data = {}
     if not isinstance(data, dict):
         data = {}
-    entries = {n: {"sha256": verdict.hashes[n], "source": s} for n, s in verdict.verified.items() if not s.startswith("the sha256 recorded")}
+    entries = {n: {"sha256": verdict.hashes[n], "source": s} for n, s in verdict.verified.items()
+               if not s.startswith("the sha256 recorded")}
     previous = data.get(commit)
     if not isinstance(previous, dict):
         previous = {}
@@ -192,8 +193,6 @@ def recorded_local(record: Mapping[str, Any], commit: str | None) -> dict[str, t
 
 def strict_verification(flag: bool | None) -> bool:
     """The strict switch: the argument when given, else ``ZOO_HUB_REQUIRE_VERIFIED``."""
-    from ..plugins import env_flag
-
     return flag if flag is not None else env_flag("ZOO_HUB_REQUIRE_VERIFIED")
 
 

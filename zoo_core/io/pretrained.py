@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from safetensors.torch import save as save_bytes
 from torch import Tensor, nn
 
+from .. import __version__
 from ..errors import CheckpointError, ProviderMismatchError
+from ..plugins import env_flag, get_registry
 from .atomic import atomic_write_dir, recover_dir
 from .safetensors_check import TensorInfo, read_checked, read_header_file
 from .strict import compare_state
@@ -46,9 +48,6 @@ def _unique_tensors(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, str]
 
 def versions(model: nn.Module) -> dict[str, str]:
     """zoo-core, torch and the plugin that provides the model's core."""
-    from .. import __version__
-    from ..plugins import get_registry
-
     found = {"zoo-core": __version__, "torch": torch.__version__.split("+")[0]}
     kind = getattr(model, "spec", {}).get("model", {}).get("core", {}).get("kind")
     reg = get_registry()
@@ -273,8 +272,6 @@ def check_provider(info: Mapping[str, Any], registry: Any, *, source: str, trust
     run its own code on these weights. A different version of the same distribution is fine
     (logged). ``trust_provider`` (or ``ZOO_TRUST_PROVIDER=1``) accepts another distribution.
     """
-    from ..plugins import env_flag
-
     kind = _core_kind(info["spec"])
     if kind is None or kind not in registry.cores:
         return  # load_spec reports an unknown or missing core with its own message

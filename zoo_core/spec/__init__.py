@@ -15,7 +15,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ..errors import PluginError, SpecError, ZooError
-from ..registry import OPS, CoreEntry, Registry
+from ..plugin_registry import OPS, CoreEntry, Registry
+from ..plugins import get_registry
+from ..stacking_policies import schedule_period
 from .errors import format_validation_error, spec_error
 from .schema import SCHEMA_VERSION, ModelSpec
 from .yaml_loader import Positions, load_yaml, load_yaml_file
@@ -57,8 +59,6 @@ def load_spec(source: str | os.PathLike[str] | Mapping[str, Any], *, registry: R
 
 def validate_spec(data: Any, positions: Positions, *, registry: Registry | None = None) -> Spec:
     if registry is None:
-        from ..plugins import get_registry
-
         registry = get_registry()
     try:
         env = ModelSpec.model_validate(data)
@@ -122,8 +122,6 @@ def _policy(env: ModelSpec, registry: Registry, positions: Positions) -> Any:
 
 def _check_depth(env: ModelSpec, policy: Any, positions: Positions) -> None:
     """Damping, norms and adaptive settings against the depth and the schedule's period."""
-    from ..stacking import schedule_period
-
     st, depth = env.model.stacking, env.model.depth
     loc = ("model", "stacking")
     if st.damping_init is not None and st.damping != "learned":
@@ -150,10 +148,17 @@ def _check_depth(env: ModelSpec, policy: Any, positions: Positions) -> None:
                          f"{max_depth} > depth has none for the extra positions; use norms: shared or max_depth ≤ {depth}")
 
 
+def reshape_error(d: int, c: int) -> str | None:
+    """Why c does not fit d raw features (None when it does): the spec check and ``InputReshaper`` share it."""
+    if c > d and c % d:
+        lo = [k * d for k in range(2, 5)]
+        return (f"c = {c} does not fit {d} input features: concatenating steps needs c to be a multiple of {d} "
+                f"(c = {', '.join(map(str, lo))}, ...), or c < {d} to flatten and re-chunk")
+    return None
+
+
 def _check_input(env: ModelSpec, positions: Positions) -> None:
     """Reshaping, encoder and head against what the model reads and predicts."""
-    from ..reshape import reshape_error
-
     inp, m = env.input, env.model
     if inp.reshape is not None:
         loc = ("input", "reshape", "c")
@@ -192,7 +197,7 @@ def _check_backend(params: BaseModel, entry: CoreEntry, registry: Registry, posi
                              f"discretizer {disc!r} handles {sorted(found.structures)} systems, not {structure!r}")
     if not hasattr(cls, "paths"):
         return  # a core with a single fixed computation declares no backend paths
-    from ..backends import resolve
+    from ..backends import resolve  # lazy: keeps torch out of spec
 
     _lookup(positions, loc, lambda: resolve(
         setting, paths=cls.paths, prefer=cls.prefer, reference=cls.reference,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ..registry import Registry
+from ..plugin_registry import Registry
 from .schema import ModelSpec
 
 
@@ -39,7 +39,8 @@ def full_schema(registry: Registry) -> dict[str, Any]:
 
 def _rename_refs(node: Any, prefix: str) -> Any:
     if isinstance(node, dict):
-        return {k: (v.replace("#/$defs/", f"#/$defs/{prefix}.") if k == "$ref" and isinstance(v, str) else _rename_refs(v, prefix)) for k, v in node.items()}
+        return {k: (v.replace("#/$defs/", f"#/$defs/{prefix}.") if k == "$ref" and isinstance(v, str) else _rename_refs(v, prefix))
+                for k, v in node.items()}
     if isinstance(node, list):
         return [_rename_refs(v, prefix) for v in node]
     return node

@@ -74,7 +74,7 @@ class InputSpec(_Strict):
 
 
 class AdaptiveSpec(_Strict):
-    """Adaptive depth at inference (``SequenceModel.adaptive``); see zoo_core.adaptive."""
+    """Adaptive depth at inference (``SequenceModel.adaptive``); see zoo_core.nn.adaptive."""
 
     epsilon: float = Field(0.01, gt=0, description="stop when the relative change of successive predictions is below this")
     max_depth: int | None = Field(None, gt=0, le=4096, description="most block applications (default: the depth; may exceed it)")
@@ -90,7 +90,8 @@ class StackingSpec(_Strict):
     policy: str = Field("independent", description="a registered stacking policy (zoo list stacking)")
     period: int | None = Field(None, gt=0, le=4096, description="blocks per period (policy 'periodic')")
     norms: Literal["shared", "per_position"] = Field(
-        "shared", description="a reused block's norms: shared across its positions (default, as the seed's code) or one set per depth position")
+        "shared", description="a reused block's norms: shared across its positions (default, as the seed's code) "
+        "or one set per depth position")
     damping: float | Literal["learned"] = Field(
         1.0, description="Krasnosel'skii–Mann h ← (1−α)h + α·f(h): α in (0, 1] (1 = plain), or 'learned' (sigmoid, per unique block)")
     damping_init: float | None = Field(None, gt=0, lt=1, description="initial α when damping is 'learned' (default 0.9)")
@@ -166,7 +167,7 @@ class BlockSpec(_Strict):
         return self
 
     def recipe(self) -> dict[str, Any]:
-        """The keyword arguments of the layout's block class (``zoo_core.blocks.make_block``)."""
+        """The keyword arguments of the layout's block class (``zoo_core.nn.blocks.make_block``)."""
         exclude = {"preset", "layout"} | (set(_RESIDUAL_ONLY) | {"output"} if self.layout == "lrcssm" else set())
         return self.model_dump(exclude=exclude)
 

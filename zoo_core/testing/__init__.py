@@ -8,7 +8,7 @@ A plugin opts in with::
         core = "mycore"
 """
 
-from .checks import CHECKS, CoreCase, ConformanceError, assert_close, assert_rel_close, case_from_registry, run_all
+from .checks import CHECKS, ConformanceError, CoreCase, assert_close, assert_rel_close, case_from_registry, run_all
 from .suite import ConformanceSuite
 
 __all__ = ["CHECKS", "ConformanceError", "ConformanceSuite", "CoreCase", "assert_close", "assert_rel_close", "case_from_registry", "run_all"]

@@ -16,8 +16,11 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
+from ..backends import all_choices
+from ..build import build_model
+from ..plugin_registry import Registry
+from ..plugins import get_registry, using_registry
 from ..protocols import CAPABILITIES, SSMCore
-from ..registry import Registry
 
 F64 = torch.float64
 
@@ -49,8 +52,6 @@ class CoreCase:
         return int(self.params["d_model"])
 
     def make(self, *, dtype: torch.dtype = F64, seed: int = 0, backend: Any = None) -> Any:
-        from ..plugins import using_registry
-
         torch.manual_seed(seed)
         params = dict(self.params)
         if backend is not None:
@@ -65,8 +66,6 @@ class CoreCase:
 
 def case_from_registry(name: str, *, preset: str = "tiny", d_model: int = 5, registry: Registry | None = None) -> CoreCase:
     if registry is None:
-        from ..plugins import get_registry
-
         registry = get_registry()
     entry = registry.core(name)
     params = entry.params.model_validate({**entry.preset(preset), "d_model": d_model}).model_dump()
@@ -201,7 +200,6 @@ def check_backends(case: CoreCase) -> None:
     final state, gradients of the input and every parameter), in float64."""
     if not getattr(case.cls, "paths", None):
         raise Skip(f"core {case.name!r} declares no backend paths")
-    from ..backends import all_choices
 
     carry = "initial_state" in case.capabilities
     x = _x(case, 2, 37)
@@ -336,8 +334,6 @@ def check_half_precision(case: CoreCase) -> None:
 def check_backendless(case: CoreCase) -> None:
     """The core is usable without the spec system: built from ``d_model`` alone (every other argument,
     ``backend``, ``device`` and ``dtype`` included, at its default), it runs a float32 sequence."""
-    from ..plugins import using_registry
-
     torch.manual_seed(0)
     try:
         with using_registry(case.registry):
@@ -354,9 +350,8 @@ def check_backendless(case: CoreCase) -> None:
 def check_save_load(case: CoreCase) -> None:
     """A model with this core shared across depth saves and loads back identically, storing the
     shared block once."""
-    from ..build import build_model
-    from ..factory import load_pretrained
-    from ..io.pretrained import read_folder, save_pretrained
+    from ..factory import load_pretrained  # lazy: keeps safetensors out of checks
+    from ..io.pretrained import read_folder, save_pretrained  # lazy: keeps safetensors out of checks
 
     spec = {
         "schema_version": 1,
@@ -399,9 +394,6 @@ def check_shared_depth(case: CoreCase) -> None:
     exactly: step() from init_state equals forward() of the whole model, and each position keeps
     its own state (a core that keeps state on itself fails here)."""
     case.needs("step")
-    from ..build import build_model
-    from ..plugins import using_registry
-
     params = {k: v for k, v in case.params.items() if k != "d_model"}
     spec = {"schema_version": 1, "task": {"kind": "sequence", "outputs": 2}, "input": {"channels": 3},
             "model": {"d_model": case.d_model, "depth": 4, "block": {"norm": "layer", "dropout": 0.0},

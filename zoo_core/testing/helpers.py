@@ -20,7 +20,8 @@ from torch import Tensor
 
 from ..hookspecs import hookimpl
 from ..params import CoreParams
-from ..registry import BackendEntry, Registry
+from ..plugin_registry import BackendEntry, Registry
+from ..plugins import get_registry
 
 
 def model_spec(
@@ -50,8 +51,6 @@ def model_spec(
 def cores_with(*capabilities: str, without: Iterable[str] = (), registry: Registry | None = None) -> list[str]:
     """Sorted names of the registered cores that declare every one of ``capabilities`` and none of
     ``without`` (for ``pytest.mark.parametrize``: a new plugin's core joins the test by itself)."""
-    from ..plugins import get_registry
-
     reg = registry or get_registry()
     need, refuse = set(capabilities), set(without)
     return sorted(n for n, e in reg.cores.items() if need <= e.capabilities and not refuse & e.capabilities)
@@ -60,8 +59,6 @@ def cores_with(*capabilities: str, without: Iterable[str] = (), registry: Regist
 def backends_for(op: str, *, registry: Registry | None = None) -> list[BackendEntry]:
     """Every registered backend of ``op`` (``kernel``, ``conv``, ``scan``), by name: a test holding
     each one to the ``naive`` reference covers a plugin's backend the day it registers."""
-    from ..plugins import get_registry
-
     reg = registry or get_registry()
     return sorted((e for (o, _), e in reg.backends.items() if o == op), key=lambda e: e.name)
 

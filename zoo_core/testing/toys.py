@@ -18,8 +18,8 @@ from ..corebase import CoreBase, runs_path
 from ..hookspecs import RegisterCore, hookimpl
 from ..kernels.systems import DiagSystem
 from ..params import CoreParams
+from ..plugin_registry import Problem
 from ..protocols import OptimHint, State, require_float
-from ..registry import Problem
 
 zoo_api = 1
 
@@ -155,7 +155,8 @@ class Noisy(ToyDiag):
 class SchemaDrift(ToyDiag):
     """Breaks params schema = constructor: takes a keyword its params model does not list."""
 
-    def __init__(self, d_model: int, d_state: int = 4, backend: Any = "auto", scale: float = 1.0, *, device: Any = None, dtype: Any = None) -> None:
+    def __init__(self, d_model: int, d_state: int = 4, backend: Any = "auto", scale: float = 1.0, *,
+                 device: Any = None, dtype: Any = None) -> None:
         super().__init__(d_model, d_state, backend, device=device, dtype=dtype)
 
 

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from .protocol import make_splits
+
 __all__ = ["train", "evaluate_model", "make_splits"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "train":
-        from .run import train
+        from .run import train  # lazy: keeps safetensors, torch out of train
 
         return train
     if name == "evaluate_model":
-        from .evaluate import evaluate_model
+        from .evaluate import evaluate_model  # lazy: keeps safetensors, torch out of train
 
         return evaluate_model
     if name == "make_splits":
-        from .protocol import make_splits
-
         return make_splits
     raise AttributeError(name)

@@ -19,8 +19,9 @@ import torch
 
 from ..datasets import Dataset, SplitData, get_dataset
 from ..errors import SpecError, ZooError
-from ..io.atomic import atomic_write_file
 from ..factory import load_pretrained
+from ..hub.pulling import resolve_folder
+from ..io.atomic import atomic_write_file
 from ..logs import log_once
 from ..spec import load_spec
 from .ddp import pick_device
@@ -228,7 +229,6 @@ def evaluate_model(
     """
     if split not in SPLITS:
         raise SpecError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
-    from ..hub.api import resolve_folder
 
     model_dir = resolve_folder(model_dir).path  # a folder (recovered if a save was killed mid-swap) or a reference
     model_dir = Path(model_dir)

@@ -26,12 +26,12 @@ import torch
 from pydantic import ValidationError
 
 from .. import __version__
-from ..blocks import count_params
 from ..build import build_model
 from ..datasets import Dataset, get_dataset
 from ..errors import SpecError, ZooError
 from ..footprint import check_training
 from ..io.atomic import atomic_write_file
+from ..nn.blocks import count_params
 from ..spec import Spec, load_spec
 from ..spec.errors import format_validation_error
 from ..spec.training import TrainingSpec
@@ -144,7 +144,8 @@ def train(
         splits = all_splits[seed]
         runs = []
         for lr in cfg.lr_grid():
-            progress.line(f"{dataset.info.name}: seed {seed}, lr {lr:g}  (train {len(splits.train)}, val {len(splits.val)}, test {len(splits.test)})")
+            progress.line(f"{dataset.info.name}: seed {seed}, lr {lr:g}  "
+                          f"(train {len(splits.train)}, val {len(splits.val)}, test {len(splits.test)})")
             model = build_model(spec, seed=seed)
             ctx = RunContext(task=task, cfg=cfg, seed=seed, lr=lr, directory=out / f"seed-{seed}" / f"lr-{lr:g}", dist=dist,
                              progress=progress, blockwise=cfg.loss == "blockwise", on_epoch_end=on_epoch_end)

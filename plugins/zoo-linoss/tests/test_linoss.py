@@ -322,7 +322,7 @@ def test_imex_rescale_that_breaks_the_rule_is_refused_and_changes_nothing():
 
 def test_rescale_sampling_rate_on_a_model_updates_the_spec():
     from zoo_core.build import build_model
-    from zoo_core.model import rescale_sampling_rate
+    from zoo_core.nn.model import rescale_sampling_rate
 
     spec = {"schema_version": 1, "task": {"kind": "sequence", "outputs": 2}, "input": {"channels": 3},
             "model": {"d_model": 4, "depth": 2, "core": {"kind": "linoss", "preset": "tiny"}}}

@@ -9,10 +9,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from zoo_core.blocks import count_params
 from zoo_core.build import build_model
 from zoo_core.errors import SpecError
-from zoo_core.model import rescale_sampling_rate
+from zoo_core.nn.blocks import count_params
+from zoo_core.nn.model import rescale_sampling_rate
 from zoo_lru.core import LRU, ring_init
 from zoo_lru.params import LRUParams
 

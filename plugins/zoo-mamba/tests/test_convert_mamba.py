@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="pip install -e 'plugins/zoo-mamba[test]' (the Mamba parity oracle)")
 
 from zoo_core import cli  # noqa: E402
 from zoo_core.build import build_model  # noqa: E402
 from zoo_core.convert import convert_checkpoint, detect_converter  # noqa: E402
 from zoo_core.errors import CheckpointError, SpecError  # noqa: E402
-from zoo_core.generate import generate  # noqa: E402
 from zoo_core.factory import load_pretrained  # noqa: E402
+from zoo_core.generate import generate  # noqa: E402
 
 V = 57
 ODD = dict(hidden_size=21, state_size=5, conv_kernel=3, expand=2, num_hidden_layers=3, vocab_size=V,

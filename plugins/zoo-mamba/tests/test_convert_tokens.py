@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="pip install -e 'plugins/zoo-mamba[test]' (the Mamba parity oracle)")
 
 from zoo_core.convert import convert_checkpoint  # noqa: E402
 from zoo_core.errors import CheckpointError, SpecError  # noqa: E402
-from zoo_core.generate import generate  # noqa: E402
 from zoo_core.factory import load_pretrained  # noqa: E402
+from zoo_core.generate import generate  # noqa: E402
 
 V = 41
 ARCH = dict(hidden_size=16, state_size=4, conv_kernel=3, expand=2, num_hidden_layers=2, vocab_size=V, pad_token_id=None)

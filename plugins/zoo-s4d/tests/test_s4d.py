@@ -65,9 +65,6 @@ def test_dt_init_range_and_optim_hints():
 def test_auto_backend_is_vandermonde_fft_and_logged_once(caplog):
     import logging
 
-    from zoo_core import backends
-
-    backends._LOGGED.clear()
     with caplog.at_level(logging.INFO, logger="zoo_core.backends"):
         a = S4D(d_model=2, d_state=4)
         S4D(d_model=2, d_state=4)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from zoo_core.blocks import count_params
 from zoo_core.init.hippo import legs_normal
+from zoo_core.nn.blocks import count_params
 from zoo_s5.core import S5, NotCausalError, S5Bidirectional
 from zoo_s5.init import TRUNC_STD, block_hippo_n
 from zoo_s5.params import S5Params
@@ -211,9 +211,6 @@ def test_clip_eigs_keeps_re_lambda_negative():
 
 
 def test_auto_backend_is_the_parallel_scan_and_logged_once(caplog):
-    from zoo_core import backends
-
-    backends._LOGGED.clear()
     with caplog.at_level(logging.INFO, logger="zoo_core.backends"):
         a = S5(d_model=2, d_state=4, blocks=1)
         S5(d_model=2, d_state=4, blocks=1)

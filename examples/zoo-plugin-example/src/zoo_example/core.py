@@ -9,8 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
+from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, require_float
-from zoo_core.registry import Problem
 
 from .params import EMAParams
 

@@ -26,8 +26,8 @@ from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
 from zoo_core.discretize import Discrete
+from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, complex_dtype, require_float
-from zoo_core.registry import Problem
 
 from .discretize import UnstableDiscretizationError, check_dt2A
 from .params import DT_MAX_DEFAULT, LinOSSParams

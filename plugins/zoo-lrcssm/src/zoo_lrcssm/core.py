@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import warnings
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -30,8 +29,9 @@ import torch
 from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase, runs_path
+from zoo_core.logs import log_once
+from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, require_float
-from zoo_core.registry import Problem
 
 from .deer import NewtonConvergenceError, NewtonResult, default_tol, newton_fixed_point, newton_step
 from .params import DEFAULT_MAX_ITER, LrcSSMParams
@@ -197,7 +197,8 @@ class LrcSSM(CoreBase, params=LrcSSMParams):
                 raise NewtonConvergenceError(
                     msg + "; raise max_iter (max_iter ≥ L always converges), use backend 'naive' (the "
                     "sequential loop), or set on_nonconvergence: fallback")
-            warnings.warn(msg + "; falling back to the exact sequential loop for this call", RuntimeWarning, stacklevel=4)
+            log_once(log, logging.WARNING, "deer-nonconvergence", "%s; falling back to the exact sequential loop "
+                     "(said once; later calls fall back silently)", msg)
             return self._solve_sequential(pf, pz, h0)
         if torch.is_grad_enabled() and (pf.requires_grad or pz.requires_grad or h0.requires_grad):
             return newton_step(self.step_and_jacobian, res.x, (pf, pz), h0, scan=scan, window=window)

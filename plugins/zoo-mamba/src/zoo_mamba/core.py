@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
+from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import OptimHint, State
-from zoo_core.registry import Problem
 
 from .params import MambaParams, resolve_rank
 from .scan import selective_step

@@ -6,7 +6,7 @@ Metadata only: model code is imported when a model is built (or a backend/conver
 from __future__ import annotations
 
 from zoo_core.hookspecs import RegisterBackend, RegisterCore, RegisterSimple, hookimpl
-from zoo_core.registry import Problem
+from zoo_core.plugin_registry import Problem
 
 from .params import MambaParams
 

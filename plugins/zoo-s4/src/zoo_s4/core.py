@@ -27,8 +27,8 @@ from zoo_core.init.diag import log_uniform_dt
 from zoo_core.init.hippo import dplr_legs
 from zoo_core.kernels.dplr import DPLRStep, StepMatrices, c_from_ctilde, ctilde_from_c
 from zoo_core.kernels.systems import DPLRSystem
+from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, complex_dtype, require_float
-from zoo_core.registry import Problem
 
 from .params import S4Params
 

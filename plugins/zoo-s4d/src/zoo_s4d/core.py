@@ -21,8 +21,8 @@ from torch import Tensor, nn
 from zoo_core.corebase import CoreBase, runs_path
 from zoo_core.init.diag import log_uniform_dt, s4d_init
 from zoo_core.kernels.systems import DiagSystem
+from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, complex_dtype, require_float
-from zoo_core.registry import Problem
 
 from .params import S4DParams
 

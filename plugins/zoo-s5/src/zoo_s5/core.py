@@ -26,8 +26,8 @@ from torch import Tensor, nn
 from zoo_core.corebase import CoreBase
 from zoo_core.errors import ZooError
 from zoo_core.init.diag import log_uniform_dt
+from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, complex_dtype, require_float
-from zoo_core.registry import Problem
 
 from .init import block_hippo_n, init_B_tilde, init_C_tilde
 from .params import S5BidirectionalParams, S5Params

@@ -11,7 +11,7 @@ features after the final norm (``hn``) and the head as a callable:
 * ``init_state`` / ``commit`` / ``stream_read``: what streaming keeps. ``commit`` folds complete
   model steps into the running ``PoolState``; ``stream_read`` gives the output for the prefix seen
   so far, optionally with one uncommitted model step (``extra``: a step the prefix ends inside, see
-  ``zoo_core.reshape``) that is read but not kept.
+  ``zoo_core.nn.reshape``) that is read but not kept.
 * ``step_output``: the shape ``step`` returns (one step of a per-step output, or the pooled output).
 
 Pools: ``mean`` (the head on the mean of the features over valid steps), ``last`` (the head on the
@@ -28,7 +28,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from .errors import UsageError
+from ..errors import UsageError
 
 Head = Callable[[Tensor], Tensor]
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .protocols import State
+from ..protocols import State
 
 NORMS = ("layer", "rms", "batch", "ema_batch", "none")
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "identity")

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from .flops import count_flops
+from ..flops import count_flops
 
 if TYPE_CHECKING:
     from .model import SequenceModel

@@ -6,14 +6,14 @@ H model width, V vocabulary, O outputs.
 Tasks: ``classification`` / ``regression`` pool over time then map to (B, O); ``sequence``
 maps every step to (B, L, O); ``lm`` embeds tokens and returns (B, L, V) logits.
 
-The data path, one module per piece: the optional time channel and ``zoo_core.reshape`` (raw steps
-→ model steps), the encoder (``embed``), ``zoo_core.stack`` (blocks over depth, ``zoo_core.blocks``),
-then ``readout``: the final norm and the pool chosen at build time (``zoo_core.pools``: ``mean``,
+The data path, one module per piece: the optional time channel and ``zoo_core.nn.reshape`` (raw steps
+→ model steps), the encoder (``embed``), ``zoo_core.nn.stack`` (blocks over depth, ``zoo_core.nn.blocks``),
+then ``readout``: the final norm and the pool chosen at build time (``zoo_core.nn.pools``: ``mean``,
 ``last``, ``mean_logits``, ``none``), whose head gives the output. ``lengths`` (B,) counts each
 sample's valid raw steps; steps past it (batch padding) never reach the pool. Adaptive depth lives
-in ``zoo_core.adaptive``.
+in ``zoo_core.nn.adaptive``.
 
-``step`` streams one raw time step with a constant-size ``ModelState`` (``zoo_core.model_state``:
+``step`` streams one raw time step with a constant-size ``ModelState`` (``zoo_core.nn.model_state``:
 per-depth core states, the pool's running state, the reshaper's buffer) and returns what
 ``forward`` would return for the prefix seen so far (for pooled tasks: the head on the running
 pool). With input reshaping, raw steps are buffered (concat) or split (rechunk); when the prefix
@@ -30,9 +30,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..errors import UsageError
 from .adaptive import AdaptiveConfig, AdaptiveResult, run_adaptive, stop_depths
 from .adaptive import prediction as read_prediction
-from .errors import UsageError
 from .model_state import AdaptiveStream, ModelState
 from .pools import Pool, PoolState
 from .reshape import InputReshaper, ReshapeState
@@ -133,7 +133,7 @@ class SequenceModel(nn.Module):
     def adaptive(self, x: Tensor, lengths: Tensor | None = None, *, epsilon: float | None = None,
                  max_depth: int | None = None, min_depth: int | None = None, stop_at: str | None = None,
                  prediction: str | None = None, count_flops: bool = True) -> AdaptiveResult:
-        """Adaptive depth (see ``zoo_core.adaptive``): per-sample stopping on the relative change of
+        """Adaptive depth (see ``zoo_core.nn.adaptive``): per-sample stopping on the relative change of
         successive predictions. Defaults come from the spec's ``model.stacking.adaptive``."""
         cfg = self._adaptive_cfg(epsilon=epsilon, max_depth=max_depth, min_depth=min_depth, stop_at=stop_at, prediction=prediction)
         return run_adaptive(self, x, lengths, cfg, count=count_flops)

@@ -29,14 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-
-def reshape_error(d: int, c: int) -> str | None:
-    """Why c does not fit d raw features (None when it does)."""
-    if c > d and c % d:
-        lo = [k * d for k in range(2, 5)]
-        return (f"c = {c} does not fit {d} input features: concatenating steps needs c to be a multiple of {d} "
-                f"(c = {', '.join(map(str, lo))}, ...), or c < {d} to flatten and re-chunk")
-    return None
+from ..spec import reshape_error
 
 
 @dataclass

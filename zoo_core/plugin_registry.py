@@ -223,7 +223,8 @@ class Registry:
             if dist in known.planned:
                 msg += f" it will be provided by the plugin {dist!r}, which is planned but not released yet."
             else:
-                msg += f" it is provided by the plugin {dist!r}, which is not installed: pip install -e plugins/{dist} (from a checkout) or pip install {dist}."
+                msg += (f" it is provided by the plugin {dist!r}, which is not installed: pip install -e plugins/{dist} "
+                        f"(from a checkout) or pip install {dist}.")
         failed = [p for p in self.plugins if p.status == "failed"]
         if failed:
             msg += " Plugins that failed to load: " + "; ".join(f"{p.dist} {p.version}: {p.error}" for p in failed) + "."
@@ -267,7 +268,8 @@ class Registry:
             return self.stacking_policies[name]
         self.refuse_conflict("stacking_policies", name)
         return _raise_unknown(
-            f"unknown stacking policy {name!r};{did_you_mean(name, self.stacking_policies)} policies: {', '.join(sorted(self.stacking_policies))}."
+            f"unknown stacking policy {name!r};{did_you_mean(name, self.stacking_policies)} "
+            f"policies: {', '.join(sorted(self.stacking_policies))}."
         )
 
     def presets(self) -> dict[str, tuple[CoreEntry, str]]:

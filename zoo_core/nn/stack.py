@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .protocols import State
-from .stacking import schedule_period
+from ..protocols import State
+from ..stacking_policies import schedule_period
 
 
 class Stack(nn.Module):

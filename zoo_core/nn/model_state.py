@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .errors import UsageError
+from ..errors import UsageError
+from ..protocols import State
 from .pools import PoolState
-from .protocols import State
 from .reshape import ReshapeState
 
 STOPS = ("period", "block")  # adaptive stop_at, in the order of the flattened ``block_stops`` flag
