@@ -227,7 +227,8 @@ def _check_config(directory: Path, spec: Mapping[str, Any]) -> None:
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise CheckpointError(f"{config_path}: not valid JSON ({exc})") from None
     if not isinstance(config, dict) or config.get("spec") != spec:
-        raise CheckpointError(f"{config_path}: its spec differs from the one inside {WEIGHTS}; the folder was edited or half-copied (the weights file's own spec is authoritative: delete config.json to use it)")
+        raise CheckpointError(f"{config_path}: its spec differs from the one inside {WEIGHTS}; the folder was edited or "
+                              "half-copied (the weights file's own spec is authoritative: delete config.json to use it)")
 
 
 def _weights_path(directory: str | os.PathLike[str]) -> Path:

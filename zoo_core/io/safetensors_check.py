@@ -136,7 +136,8 @@ def _sniff_foreign(head: bytes) -> str | None:
     safetensors file can match it.
     """
     if head.startswith(b"PK\x03\x04"):
-        return "a PyTorch zip checkpoint, not safetensors — it was not loaded (unpickling can run arbitrary code); convert it to safetensors with its own project's tools"
+        return ("a PyTorch zip checkpoint, not safetensors — it was not loaded (unpickling can run arbitrary code); "
+                "convert it to safetensors with its own project's tools")
     if head.startswith(b"version https://git-lfs"):
         return "a Git LFS pointer, not safetensors — fetch the real file with git lfs pull"
     text = head.lstrip(b" \t\r\n\xef\xbb\xbf").lower()

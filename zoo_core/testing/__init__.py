@@ -11,4 +11,6 @@ A plugin opts in with::
 from .checks import CHECKS, ConformanceError, CoreCase, assert_close, assert_rel_close, case_from_registry, run_all
 from .suite import ConformanceSuite
 
-__all__ = ["CHECKS", "ConformanceError", "ConformanceSuite", "CoreCase", "assert_close", "assert_rel_close", "case_from_registry", "run_all"]
+__all__ = [
+    "CHECKS", "ConformanceError", "ConformanceSuite", "CoreCase", "assert_close", "assert_rel_close", "case_from_registry", "run_all",
+]

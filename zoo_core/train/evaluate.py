@@ -173,7 +173,8 @@ def run_context(model_dir: Path) -> dict[str, Any]:
     if run.is_file():
         fp = json.loads(run.read_text(encoding="utf-8")).get("fingerprint", {})
         t = fp.get("training", {})
-        found.update(dataset=fp.get("dataset"), protocol=t.get("protocol"), normalize=t.get("normalize"), val_fraction=t.get("val_fraction"))
+        found.update(dataset=fp.get("dataset"), protocol=t.get("protocol"), normalize=t.get("normalize"),
+                     val_fraction=t.get("val_fraction"))
     return {k: v for k, v in found.items() if v is not None}
 
 
