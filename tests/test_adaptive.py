@@ -27,7 +27,7 @@ def reference_adaptive(model, x, lengths, cfg):
     h = z
     every = 1 if cfg.stop_at == "block" else model.stack.period
     for pos in range(cfg.max_depth):
-        h = model.stack.apply(pos, h)
+        h = model.stack.run_position(pos, h)
         if (pos + 1) % every == 0:
             outs.append(model.readout(h, n))
     depth, chosen = [], []
@@ -121,7 +121,7 @@ def test_adaptive_flops_are_charged_to_the_samples_that_ran():
     with torch.no_grad():
         z, _ = model.embed(x)
         p0 = prediction(model.readout(z), "classification", "probabilities")
-        p1 = prediction(model.readout(model.stack.apply(0, z)), "classification", "probabilities")
+        p1 = prediction(model.readout(model.stack.run_position(0, z)), "classification", "probabilities")
         rel = relative_change(p1, p0)
     eps = float(rel.median())
     res = model.adaptive(x, epsilon=eps, stop_at="block")

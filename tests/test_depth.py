@@ -105,6 +105,16 @@ def test_learned_damping_is_a_sigmoid_per_unique_block_starting_at_its_init():
     assert count_params(default) == count_params(build_model(spec(stacking={"policy": "periodic", "period": 1}), seed=0)) + 1
 
 
+def test_module_apply_reaches_every_module_through_the_stack():
+    """``model.apply(init_fn)`` is ``nn.Module.apply``: the stack's depth-position method must not
+    shadow it (it was ``Stack.apply(pos, h)``, so ``apply(fn)`` on a model raised instead)."""
+    model = build_model(spec(), seed=0)
+    seen: list[torch.nn.Module] = []
+    assert model.apply(seen.append) is model
+    assert len(seen) == len(list(model.modules())) and {id(m) for m in seen} == {id(m) for m in model.modules()}
+    assert model.stack.apply(seen.append) is model.stack
+
+
 @pytest.mark.parametrize("core", cores_with("step"))
 def test_step_equals_forward_with_damping_and_sharing_for_every_core(core):
     stackings = [{"policy": "periodic", "period": 1, "damping": 0.5},

@@ -13,7 +13,7 @@ from torch import nn
 
 from .logs import log_once
 from .nn.adaptive import AdaptiveConfig
-from .nn.blocks import count_params, make_block, make_mlp_or_linear, make_norm
+from .nn.blocks import Block, LrcBlock, count_params, make_block, make_mlp_or_linear, make_norm
 from .nn.model import SequenceModel
 from .nn.pools import make_pool
 from .nn.reshape import InputReshaper
@@ -49,7 +49,7 @@ def _is_meta(device: Any) -> bool:
     return device is not None and torch.device(device).type == "meta"
 
 
-def _copies_on_meta(blocks: list[nn.Module], n: int) -> list[nn.Module]:
+def _copies_on_meta(blocks: list[Block | LrcBlock], n: int) -> list[Block | LrcBlock]:
     """On the meta device every block is a copy of the first: the shapes are what a real build
     makes, and a 4096-block spec is sized in milliseconds instead of re-running each core's init."""
     return blocks + [copy.deepcopy(blocks[0]) for _ in range(n - len(blocks))]
@@ -88,10 +88,12 @@ def _assemble(spec: Spec, *, device: Any, dtype: Any, seed: int | None) -> Seque
     else:
         encoder = make_mlp_or_linear(m.encoder.kind, d_in, m.d_model, hidden=m.encoder.hidden or m.d_model, **kw)
     out = {"classification": env.task.classes, "lm": env.input.vocab_size}.get(env.task.kind, env.task.outputs)
+    assert out is not None, "the spec's validators require task.classes, input.vocab_size (lm) or task.outputs"
     head = make_mlp_or_linear(m.head.kind, m.d_model, out, hidden=m.head.hidden or m.d_model, bias=not m.tie_embeddings, **kw)
     if m.tie_embeddings:
         # N(0, 0.02) as mamba_ssm/GPT-2 start a tied embedding: nn.Embedding's N(0, 1) makes the tied head's
         # first logits ~√d_model wide (a first loss of ~38 nats for 84 characters instead of ln 84 = 4.4)
+        assert isinstance(encoder, nn.Embedding), "tie_embeddings is validated to task kind lm, which reads tokens"
         nn.init.normal_(encoder.weight, std=0.02)
         head.weight = encoder.weight
     ad = st.adaptive
@@ -136,7 +138,8 @@ def summary(model: SequenceModel) -> str:
     alpha = "learned (sigmoid, per unique block)" if stack.damping_logit is not None else f"{stack.alpha_fixed:g}"
     lines.append(f"depth: damping α={alpha}, norms {stack.norms_mode}")
     lines += ["parameters:", f"  encoder     {_fmt(count_params(model.encoder))}"]
-    for i, block in enumerate(blocks):
+    for i in range(len(blocks)):
+        block = stack.block(i)
         uses = stack.schedule.count(i)
         lines.append(f"  block {pattern([i])}     {_fmt(count_params(block))}  (core {_fmt(count_params(block.core))}; applied {uses}x)")
     if stack.position_norms is not None:
@@ -144,15 +147,16 @@ def summary(model: SequenceModel) -> str:
     if stack.damping_logit is not None:
         lines.append(f"  damping     {_fmt(stack.damping_logit.numel())}")
     tied = _head_weight_tied(model)
-    head = count_params(model.head) - (model.head.weight.numel() if tied else 0)
+    tied_weight = getattr(model.head, "weight", None) if tied else None  # counted once, with the encoder
+    head = count_params(model.head) - (tied_weight.numel() if isinstance(tied_weight, torch.Tensor) else 0)
     lines.append(f"  final norm  {_fmt(count_params(model.final_norm))}")
     lines.append(f"  head        {_fmt(head)}" + ("  (weight tied to the embedding)" if tied else ""))
     lines.append(f"  total       {_fmt(count_params(model))}")
     applied = sum(count_params(blocks[i]) for i in stack.schedule)
     lines.append(f"  blocks: {_fmt(sum(count_params(b) for b in blocks))} unique, {_fmt(applied)} as applied over depth")
     chosen: dict[str, list[int]] = {}
-    for i, block in enumerate(blocks):
-        choice = getattr(block.core, "backend_choice", None)
+    for i, unique in enumerate(blocks):
+        choice = getattr(unique.core, "backend_choice", None)
         if choice is not None:
             chosen.setdefault(f"{choice.label()}  [{choice.reason}]", []).append(i)
     for text, idx in chosen.items():

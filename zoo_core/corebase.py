@@ -30,7 +30,7 @@ import functools
 import inspect
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 from pydantic import ValidationError
@@ -211,6 +211,10 @@ class CoreBase(nn.Module):
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         y, new_state = self.forward_with_state(x_t[:, None, :], state)
         return y[:, 0], new_state
+
+    if TYPE_CHECKING:  # every core defines its own (SSMCore); declared for the type checker only, so a core
+        # without one still fails the conformance suite's isinstance(core, SSMCore)
+        def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State: ...
 
     def optim_hints(self) -> Mapping[str, OptimHint]:
         lr = getattr(self, "ssm_lr", None)

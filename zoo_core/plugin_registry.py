@@ -11,10 +11,14 @@ import importlib.util
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import BackendUnavailableError, NameConflictError, PluginLoadError, UnknownNameError, did_you_mean
 from .plugin_catalogue import plugin_owners
+
+if TYPE_CHECKING:  # for annotations only: corebase imports this module (Problem) and loads torch, which listing must not
+    from .corebase import CoreBase
+    from .params import CoreParams
 
 OPS = ("kernel", "conv", "scan")
 
@@ -53,13 +57,13 @@ def _resolve(target: Any, provider: Provider | None = None) -> Any:
 class CoreEntry:
     name: str
     target: Any
-    params: type
+    params: type[CoreParams]
     presets: Mapping[str, Mapping[str, Any]]
     capabilities: frozenset[str]
     card: str
     provider: Provider
 
-    def load(self) -> type:
+    def load(self) -> type[CoreBase]:
         """The core class (imports the plugin's model code), refused with the plugin named when its
         constructor cannot take what every build passes (its params fields, device, dtype)."""
         cls = _resolve(self.target, self.provider)

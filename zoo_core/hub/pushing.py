@@ -87,8 +87,8 @@ def push_to_hub(model_or_dir: Any, repo_id: str, *, revision: str | None = None,
         files = _stage(model_or_dir, staging, repo_id)
         api = HfApi(token=token)
         try:
-            repo_kw = {} if private is None else {"private": private}
-            _retrying(lambda: api.create_repo(repo_id, repo_type="model", exist_ok=True, **repo_kw), f"creating {repo_id}")
+            # private=None is create_repo's default: public unless the organisation defaults to private
+            _retrying(lambda: api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True), f"creating {repo_id}")
             if branch != "main":
                 _retrying(lambda: api.create_branch(repo_id, branch=branch, exist_ok=True), f"creating branch {branch}")
             message = commit_message or f"Upload {repo_id.split('/')[1]} with SSM Zoo"

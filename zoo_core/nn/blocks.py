@@ -13,12 +13,15 @@ a block applied at several depth positions gets independent masks per applicatio
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from ..protocols import State
+
+if TYPE_CHECKING:  # annotations only: zoo_core.nn does not need the registry machinery corebase loads
+    from ..corebase import CoreBase
 
 NORMS = ("layer", "rms", "batch", "ema_batch", "none")
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "identity")
@@ -153,10 +156,11 @@ class Block(_NormsMixin, nn.Module):
     """One residual block around an SSM core."""
 
     _norm_names = ("norm",)
+    core: CoreBase  # registered by name in __init__: declared so the type checker sees the core, not Tensor | Module
 
     def __init__(
         self,
-        core: nn.Module,
+        core: CoreBase,
         d_model: int,
         *,
         norm: str = "layer",
@@ -220,10 +224,11 @@ class LrcBlock(_NormsMixin, nn.Module):
     """
 
     _norm_names = ("norm_in", "norm_out")
+    core: CoreBase  # registered by name in __init__: declared so the type checker sees the core, not Tensor | Module
 
     def __init__(
         self,
-        core: nn.Module,
+        core: CoreBase,
         d_model: int,
         *,
         norm: str = "layer",
@@ -268,7 +273,7 @@ class LrcBlock(_NormsMixin, nn.Module):
         return self.core.init_state(batch_size, **kw)
 
 
-def make_block(layout: str, core: nn.Module, d_model: int, **recipe: Any) -> nn.Module:
+def make_block(layout: str, core: CoreBase, d_model: int, **recipe: Any) -> Block | LrcBlock:
     """The block of a layout (``residual`` or ``lrcssm``) around ``core``."""
     if layout == "residual":
         return Block(core, d_model, **recipe)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -37,6 +37,9 @@ from .model_state import AdaptiveStream, ModelState
 from .pools import Pool, PoolState
 from .reshape import InputReshaper, ReshapeState
 from .stack import Stack
+
+if TYPE_CHECKING:  # annotations only, as in .blocks
+    from ..corebase import CoreBase
 
 
 def _check_lengths(lengths: Tensor | None, batch: int, steps: int) -> Tensor | None:
@@ -245,9 +248,9 @@ class SequenceModel(nn.Module):
         hn = {k: self.final_norm(hs[k]) for k in pools}  # (B, n, H)
         return hn, {k: self.pool.commit(pool, hn[k], self.head) for k, pool in pools.items()}
 
-    def cores(self) -> list[nn.Module]:
+    def cores(self) -> list[CoreBase]:
         """The distinct cores, in block order."""
-        return [b.core for b in self.stack.blocks]
+        return [self.stack.block(i).core for i in range(len(self.stack.blocks))]
 
 
 def _kept(pools: dict[int, PoolState | None]) -> dict[int, PoolState]:

@@ -27,19 +27,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from ..protocols import State
 from ..stacking_policies import schedule_period
+from .blocks import Block, LrcBlock
 
 
 class Stack(nn.Module):
     def __init__(
         self,
-        blocks: Sequence[nn.Module],
+        blocks: Sequence[Block | LrcBlock],
         schedule: Sequence[int],
         *,
         damping: float | str = 1.0,
@@ -75,14 +76,18 @@ class Stack(nn.Module):
         self.position_norms: nn.ModuleList | None = None
         if norms == "per_position":
             self.position_norms = nn.ModuleList(
-                nn.ModuleList(self.blocks[i].make_norms()) for i in self.schedule
+                nn.ModuleList(self.block(i).make_norms()) for i in self.schedule
             )
-            for block in self.blocks:
-                block.drop_norms()
+            for i in range(len(self.blocks)):
+                self.block(i).drop_norms()
 
     @property
     def depth(self) -> int:
         return len(self.schedule)
+
+    def block(self, i: int) -> Block | LrcBlock:
+        """Unique block ``i``: ``self.blocks[i]``, typed."""
+        return cast("Block | LrcBlock", self.blocks[i])  # ModuleList indexing is typed nn.Module; __init__ takes only these
 
     # one depth position -----------------------------------------------------------------
     def block_index(self, pos: int) -> int:
@@ -103,7 +108,7 @@ class Stack(nn.Module):
                 f"depth position {pos + 1} is past the training depth {self.depth}, and with norms: per_position "
                 "only the trained positions have norms; keep max_depth ≤ depth or use norms: shared"
             )
-        return list(self.position_norms[pos])
+        return list(cast(nn.ModuleList, self.position_norms[pos]))  # __init__ fills it with one ModuleList per position
 
     def _damp(self, pos: int, h: Tensor, y: Tensor) -> Tensor:
         a = self.alpha(pos)
@@ -111,28 +116,29 @@ class Stack(nn.Module):
             return y
         return (1 - a) * h + a * y  # Krasnosel'skii–Mann
 
-    def apply(self, pos: int, h: Tensor) -> Tensor:
-        """Depth position ``pos`` on a whole sequence h (B, L, H), from a zero state."""
-        return self._damp(pos, h, self.blocks[self.block_index(pos)](h, norms=self._norms(pos)))
+    def run_position(self, pos: int, h: Tensor) -> Tensor:
+        """Depth position ``pos`` on a whole sequence h (B, L, H), from a zero state. (Not ``apply``:
+        that is ``nn.Module.apply(fn)``, which ``model.apply(init_fn)`` must reach.)"""
+        return self._damp(pos, h, self.block(self.block_index(pos))(h, norms=self._norms(pos)))
 
     def apply_with_state(self, pos: int, h: Tensor, state: State | None) -> tuple[Tensor, State]:
-        y, s = self.blocks[self.block_index(pos)].forward_with_state(h, state, norms=self._norms(pos))
+        y, s = self.block(self.block_index(pos)).forward_with_state(h, state, norms=self._norms(pos))
         return self._damp(pos, h, y), s
 
     def apply_step(self, pos: int, h_t: Tensor, state: State) -> tuple[Tensor, State]:
-        y, s = self.blocks[self.block_index(pos)].step(h_t, state, norms=self._norms(pos))  # (B, H)
+        y, s = self.block(self.block_index(pos)).step(h_t, state, norms=self._norms(pos))  # (B, H)
         return self._damp(pos, h_t, y), s
 
     # whole stacks -----------------------------------------------------------------------
     def forward(self, x: Tensor) -> Tensor:
         for pos in range(self.depth):
-            x = self.apply(pos, x)  # (B, L, H)
+            x = self.run_position(pos, x)  # (B, L, H)
         return x
 
     def iterate(self, x: Tensor, depth: int | None = None) -> Iterator[tuple[int, Tensor]]:
         """Yield (number of positions applied, features (B, L, H)) after each position, 1..depth."""
         for pos in range(self.depth if depth is None else depth):
-            x = self.apply(pos, x)
+            x = self.run_position(pos, x)
             yield pos + 1, x
 
     def forward_with_state(self, x: Tensor, states: Sequence[State] | None = None) -> tuple[Tensor, list[State]]:
@@ -183,4 +189,4 @@ class Stack(nn.Module):
 
     def init_state(self, batch_size: int, depth: int | None = None, **kw: Any) -> list[State]:
         """One state per depth position; ``depth`` > the training depth for adaptive streaming."""
-        return [self.blocks[self.block_index(p)].init_state(batch_size, **kw) for p in range(depth or self.depth)]
+        return [self.block(self.block_index(p)).init_state(batch_size, **kw) for p in range(depth or self.depth)]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ..params import CoreParams
 from ..plugin_registry import Registry
 from .schema import ModelSpec
 
 
-def core_schema(name: str, params: type) -> dict[str, Any]:
+def core_schema(name: str, params: type[CoreParams]) -> dict[str, Any]:
     """One core's params as a schema branch keyed by ``kind`` (d_model comes from model.d_model)."""
-    schema = copy.deepcopy(params.model_json_schema())  # type: ignore[attr-defined]  # a pydantic model class (the registry types it `type`)
+    schema = copy.deepcopy(params.model_json_schema())
     props = schema.setdefault("properties", {})
     props.pop("d_model", None)
     schema["required"] = [r for r in schema.get("required", []) if r != "d_model"]

@@ -18,6 +18,8 @@ from pydantic import ValidationError
 
 from ..backends import all_choices
 from ..build import build_model
+from ..corebase import CoreBase
+from ..params import CoreParams
 from ..plugin_registry import Registry
 from ..plugins import get_registry, using_registry
 from ..protocols import CAPABILITIES, SSMCore
@@ -38,9 +40,9 @@ class CoreCase:
     """A core under test: its class, params (the ``tiny`` preset), params model and capabilities."""
 
     name: str
-    cls: type
+    cls: type[CoreBase]
     params: dict[str, Any]
-    params_model: type
+    params_model: type[CoreParams]
     capabilities: frozenset[str]
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     registry: Registry | None = None
@@ -274,7 +276,7 @@ def check_determinism(case: CoreCase) -> None:
 def check_params_schema(case: CoreCase) -> None:
     """The params model's fields equal the constructor's keyword arguments; extras are forbidden;
     every preset validates."""
-    sig = inspect.signature(case.cls.__init__)
+    sig = inspect.signature(case.cls)
     ctor = {n for n, p in sig.parameters.items() if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - {"device", "dtype"}
     fields = set(case.params_model.model_fields)
     if ctor != fields:

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase, runs_path
-from zoo_core.init.diag import log_uniform_dt, s4d_init
+from zoo_core.init.diag import S4DInit, log_uniform_dt, s4d_init
 from zoo_core.kernels.systems import DiagSystem
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, complex_dtype, require_float
@@ -39,7 +39,7 @@ class S4D(CoreBase, params=S4DParams):
         self,
         d_model: int,
         d_state: int = 64,
-        init: str = "legs",
+        init: S4DInit = "legs",
         discretizer: str = "zoh",
         dt_min: float = 1e-3,
         dt_max: float = 1e-1,
