@@ -279,7 +279,7 @@ def rescale_sampling_rate(model: SequenceModel, factor: float) -> SequenceModel:
         for core in cores:
             core.rescale_dt(factor)
     except Exception:
-        for core, scale in zip(cores, before):  # all or nothing: no half-rescaled model
+        for core, scale in zip(cores, before, strict=True):  # all or nothing: no half-rescaled model
             core.dt_scale = scale
         raise
     core_spec = model.spec.get("model", {}).get("core")

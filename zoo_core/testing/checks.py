@@ -78,7 +78,8 @@ def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, *, rtol: float
     """fla-style comparison that reports max-abs and relative RMS error with the tensor's name."""
     if ref.shape != out.shape:
         raise ConformanceError(f"{name}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
-    ref, out = ref.detach().to(torch.complex128 if ref.is_complex() else F64), out.detach().to(ref.dtype if not ref.is_complex() else torch.complex128)
+    out = out.detach().to(ref.dtype if not ref.is_complex() else torch.complex128)  # in the reference's own precision
+    ref = ref.detach().to(torch.complex128 if ref.is_complex() else F64)
     err = (ref - out).abs()
     bound = atol + rtol * ref.abs()
     if not bool(torch.isfinite(out).all()) or bool((err > bound).any()):
@@ -143,7 +144,8 @@ def check_causality(case: CoreCase) -> None:
     y, y2 = core(x), core(x2)
     if not torch.allclose(y[:, :20], y2[:, :20], rtol=0, atol=1e-9 * (1 + y.abs().max().item())):
         leak = (y[:, :20] - y2[:, :20]).abs().amax(dim=(0, 2))
-        raise ConformanceError(f"causality: outputs before t=20 changed when only inputs from t=20 on did (first affected step {int(torch.nonzero(leak > 1e-9)[0])})")
+        first = int(torch.nonzero(leak > 1e-9)[0])
+        raise ConformanceError(f"causality: outputs before t=20 changed when only inputs from t=20 on did (first affected step {first})")
 
 
 def check_batch_independence(case: CoreCase) -> None:
@@ -193,7 +195,7 @@ def _run_with_grads(core: Any, x: torch.Tensor, carry: bool) -> dict[str, torch.
     grads = torch.autograd.grad((y * dy).sum(), [x, *[p for _, p in core.named_parameters() if p.requires_grad]], allow_unused=True)
     out = {"output": y, "grad input": grads[0]}
     out.update({f"final state {k!r}": v for k, v in final.items()})
-    out.update({f"grad {n}": (gr if gr is not None else torch.zeros(1)) for n, gr in zip(names, grads[1:])})
+    out.update({f"grad {n}": (gr if gr is not None else torch.zeros(1)) for n, gr in zip(names, grads[1:], strict=True)})
     return out
 
 
@@ -225,7 +227,8 @@ def check_dtypes(case: CoreCase) -> None:
     core = case.make(dtype=torch.float32).to(F64)
     bad = [n for n, p in core.named_parameters() if p.dtype != F64]
     if bad:
-        raise ConformanceError(f"dtype: after .to(float64) these parameters are not float64: {bad} (store complex parameters as real views)")
+        raise ConformanceError(f"dtype: after .to(float64) these parameters are not float64: {bad} "
+                               "(store complex parameters as real views)")
     core(_x(case, 1, 5))
 
 
@@ -264,7 +267,7 @@ def check_stability(case: CoreCase) -> None:
 def check_determinism(case: CoreCase) -> None:
     """Same seed, same parameters; same input, same output."""
     a, b = case.make(seed=3), case.make(seed=3)
-    for (n, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
+    for (n, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         if not torch.equal(p, q):
             raise ConformanceError(f"determinism: parameter {n!r} differs between two builds with the same seed")
     a.eval()
