@@ -52,8 +52,9 @@ def _check_text(res: PullResult) -> str:
         return f"unverified: {', '.join(res.unverified)} (nothing trusted vouches for their content; see the warning)"
     if res.pinned:
         return "sha256 matches registry.yaml's pins"
-    if res.source == "hub":
-        return "sha256 verified against the Hub's hashes"
+    if res.source == "hub" or res.verified:
+        how = sorted(set(res.verified.values()))
+        return "verified against " + ("; ".join(how) if how else "the Hub's hashes")
     return "read from a local folder"
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import CheckpointError, ZooError
 from ..footprint import check_build
+from ..io.pretrained import MAX_CONFIG
 from ..plugin_catalogue import plugin_owners
 from ..plugins import get_registry
 from ..spec import load_spec
@@ -29,22 +30,27 @@ log = logging.getLogger("zoo_core.hub")
 def check_plugins(folder: Path, *, where: str, registry: Any = None) -> None:
     """Refuse, with the install command, weights whose core's plugin is not installed."""
     path = folder / CONFIG
-    if not path.is_file():
-        return  # read_folder's own check names the plugin from the weights' metadata
+    if not path.is_file() or path.stat().st_size > MAX_CONFIG:
+        return  # absent, not a regular file or oversize: the full load check reports it precisely
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
         kind = config["spec"]["model"]["core"]["kind"]
     except (ValueError, KeyError, TypeError):
-        return  # malformed: read_folder reports it precisely
+        return  # malformed: the full load check reports it precisely
+    if not isinstance(kind, str):
+        return  # a hostile or broken config.json: the full load check names the field
     reg = registry or get_registry()
     if kind in reg.cores:
         return
     reg.refuse_conflict("cores", kind)  # installed twice, kept by neither: not "missing"
-    versions = {k: v for k, v in (config.get("versions") or {}).items() if k not in ("zoo-core", "torch")}
-    dist = plugin_owners().owners.get(kind) or next(iter(versions), None)
+    recorded = config.get("versions")
+    versions = {k: v for k, v in recorded.items() if isinstance(v, str)} if isinstance(recorded, dict) else {}
+    dist = plugin_owners().owners.get(kind)  # only the catalogue names what to install: never the file itself
     if dist is None:
+        claimed = sorted(k for k in versions if k not in ("zoo-core", "torch"))
+        said = f" (the file says it was saved with {', '.join(claimed)}: unverified)" if claimed else ""
         raise MissingPluginError(f"{where} holds weights for core {kind!r}, which no installed plugin provides and "
-                                 "no known plugin is named for; install the plugin its author publishes, then retry")
+                                 f"registry.yaml names no plugin for{said}; install the plugin its author publishes, then retry")
     pinned = f"{dist}=={versions[dist]}" if dist in versions else dist
     raise MissingPluginError(f"{where} holds weights for core {kind!r} from the plugin {dist}"
                              f"{' ' + versions[dist] if dist in versions else ''}, which is not installed: "

@@ -97,8 +97,11 @@ def _announced_etag(folder: Path, name: str, local_dir: bool) -> str | None:
 
 
 def _read_record(folder: Path) -> dict[str, Any]:
+    path = folder / RECORD
+    if not path.is_file() or path.stat().st_size > 2**20:
+        return {}  # absent, or not a record we wrote (a FIFO would hang the read, a huge file cost memory)
     try:
-        record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+        record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}
@@ -266,11 +269,16 @@ def _pull_local(ref: ModelRef, strict: bool = False) -> PullResult:
         raise HubError(f"{ref.text}: {folder} holds no {WEIGHTS}; give a folder written by save_pretrained or zoo pull --local-dir")
     record = _read_record(folder)
     hashes = {n: sha256_file(folder / n) for n in PUSHED if (folder / n).is_file()}
-    bad = sorted(n for n, d in (record.get("files") or {}).items() if n in hashes and hashes[n] != d)
+    recorded_files, recorded_verified = record.get("files"), record.get("verified")
+    files: dict[str, Any] = recorded_files if isinstance(recorded_files, dict) else {}
+    bad = sorted(n for n, d in files.items() if n in hashes and hashes[n] != d)
     if bad:
         raise CheckpointError(f"{folder}: {', '.join(bad)} changed since it was pulled (sha256 differs from {RECORD}); pull it again")
-    unverified = sorted(n for n in record.get("unverified") or [] if n in hashes)
-    verified = {n: s for n, s in (record.get("verified") or {}).items() if n in hashes and isinstance(s, str)}
+    claimed: dict[str, Any] = recorded_verified if isinstance(recorded_verified, dict) else {}
+    # verified only where the sha256 recorded at the verified pull was just compared; a pulled folder's
+    # other files (missing from the record, or added since) are unverified
+    verified = {n: s for n, s in claimed.items() if isinstance(s, str) and n in hashes and files.get(n) == hashes[n]}
+    unverified = sorted(n for n in hashes if n not in verified) if record else []
     result = PullResult(ref.text, folder, "local", record.get("repo_id"), record.get("revision"), record.get("commit"), hashes,
                         verified=verified, unverified=unverified)
     _announce_unverified(result, strict)
