@@ -13,7 +13,6 @@ from typing import Any
 
 from ..errors import CheckpointError, ZooError
 from ..footprint import check_build
-from ..io.pretrained import MAX_CONFIG
 from ..plugin_catalogue import plugin_owners
 from ..plugins import get_registry
 from ..spec import load_spec
@@ -29,6 +28,8 @@ log = logging.getLogger("zoo_core.hub")
 # building ----------------------------------------------------------------------------------------
 def check_plugins(folder: Path, *, where: str, registry: Any = None) -> None:
     """Refuse, with the install command, weights whose core's plugin is not installed."""
+    from ..io.pretrained import MAX_CONFIG  # lazy: keeps safetensors, torch out of hub.create
+
     path = folder / CONFIG
     if not path.is_file() or path.stat().st_size > MAX_CONFIG:
         return  # absent, not a regular file or oversize: the full load check reports it precisely
