@@ -25,7 +25,7 @@ COMMANDS = {  # what reproduces each table (this session ran them with --deadlin
     "jv-lru": [f"{CMD} train --suite jv-lru"],
     "ethanol": [f"{CMD} train --suite ethanol-lru-raw ethanol-lru"],
     "acsf1": [f"{CMD} train --suite acsf1-lru-raw acsf1-lru"],
-    "jv-cores": [f"{CMD} train --suite jv-cores jv-cores-new"],
+    "jv-cores": [f"{CMD} train --suite jv-cores jv-cores-new jv-cores-2026"],
     "adaptive": [f"{CMD} adaptive --suite jv-lru ethanol-lru acsf1-lru jv-cores"],
 }
 

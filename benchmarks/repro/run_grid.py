@@ -96,6 +96,8 @@ def _suites() -> dict[str, list[Suite]]:
         "jv-cores": [jv(core, reduced, (None,), 60) for core in ("s5", "s4d", "linoss", "s4")],
         # the cores that landed while the grid first ran (issue 5), same reduced grid
         "jv-cores-new": [jv(core, reduced, (None,), 60) for core in ("lrcssm", "mamba")],
+        # the families of issue 13 (Mamba-2, RG-LRU, Gated DeltaNet, Mamba-3), same reduced grid
+        "jv-cores-2026": [jv(core, reduced, (None,), 60) for core in ("mamba2", "rglru", "gdn", "mamba3")],
         # the `uea` block (PyTorch BatchNorm1d) instead of `uea-ema`: what shared norms do to shared blocks
         "jv-lru-torchbn": [Suite("lru-japanesevowels-torchbn.yaml", "JapaneseVowels", "lru", tuple(reduced), (None,), 60,
                                  early_stop=15, variant="torchbn")],
