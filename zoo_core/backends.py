@@ -27,7 +27,7 @@ from .errors import BackendUnavailableError, UnknownNameError, did_you_mean
 from .logs import log_once
 from .plugin_registry import BackendEntry, Problem, Registry
 from .plugins import get_registry  # the registry in use; a module import would be a cycle
-from .protocols import ConvOp, KernelOp, ScanOp, SelectiveScanOp
+from .protocols import AttentionOp, ConvOp, KernelOp, ScanOp, SelectiveScanOp
 
 log = logging.getLogger("zoo_core.backends")
 
@@ -95,6 +95,10 @@ class BoundOps:
     @property
     def selective_scan(self) -> SelectiveScanOp:
         return cast(SelectiveScanOp, self._get("scan"))
+
+    @property
+    def attention(self) -> AttentionOp:
+        return cast(AttentionOp, self._get("attention"))
 
 
 def _auto(reg: Registry, op: str, problem: Problem) -> tuple[BackendEntry | None, list[str]]:

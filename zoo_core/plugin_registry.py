@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # for annotations only: corebase imports this module (Problem
     from .corebase import CoreBase
     from .params import CoreParams
 
-OPS = ("kernel", "conv", "scan")
+OPS = ("kernel", "conv", "scan", "attention")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ CAPABILITIES = frozenset({
     "lti",              # time-invariant: conv backends apply
     "complex_params",   # holds complex parameters (saved as real views)
     "continuous_time",  # has a step size Δ: the sampling rate can be rescaled
+    "growing_state",    # the streaming state may grow with length (a KV cache); CoreParams.grows_state() says when
 })
 
 
@@ -58,6 +59,16 @@ class SSMCore(Protocol):
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State: ...
 
     def optim_hints(self) -> Mapping[str, OptimHint]: ...
+
+
+class AttentionOp(Protocol):
+    """``attention(q (B, Hq, Lq, D), k (B, Hk, Lk, D), v (B, Hk, Lk, D), mask=None, *, causal=False, scale)``
+    -> (B, Hq, Lq, D): softmax(q kᵀ · scale + mask) v per head, query head h reading key/value head
+    h // (Hq / Hk) (grouped-query heads). ``mask`` is boolean, broadcastable to (B, Hq, Lq, Lk), True where
+    the query may read the key; ``causal`` (only with ``mask=None`` and Lq = Lk) is the mask j ≤ i."""
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, causal: bool = False,
+                 scale: float) -> Tensor: ...
 
 
 @runtime_checkable

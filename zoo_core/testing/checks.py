@@ -416,6 +416,36 @@ def check_shared_depth(case: CoreCase) -> None:
     assert_close("shared depth: step vs forward", model(x), torch.stack(ys, 1), rtol=case.rtol, atol=case.atol)
 
 
+def _shapes(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in state.items()}
+
+
+def check_state_size(case: CoreCase) -> None:
+    """Streaming memory is what the configuration declares (``CoreParams.grows_state``): a constant
+    state keeps init_state's keys and shapes over 40 steps (as every SSM); a growing one (a KV cache,
+    capability ``growing_state``) gets larger. Stepping and one forward_with_state end with equal shapes."""
+    case.needs("step")
+    core = case.make().eval()
+    hp = getattr(core, "hparams", None)
+    grows = hp.grows_state() if isinstance(hp, CoreParams) else "growing_state" in case.capabilities
+    if grows and "growing_state" not in case.capabilities:
+        raise ConformanceError("state size: the params say the state grows but the core does not declare 'growing_state'")
+    x = _x(case, 2, 40)
+    with torch.no_grad():
+        state = start = core.init_state(2, dtype=F64)
+        for t in range(x.shape[1]):
+            _, state = core.step(x[:, t], state)
+        _, whole = core.forward_with_state(x)
+    if _shapes(state) != _shapes(whole):
+        raise ConformanceError(f"state size: 40 steps give {_shapes(state)}, one forward_with_state gives {_shapes(whole)}")
+    size0, size = (sum(v.numel() for v in s.values()) for s in (start, state))
+    if grows and not size > size0:
+        raise ConformanceError(f"state size: declared growing, but 40 steps left it at {size} elements (from {size0})")
+    if not grows and _shapes(state) != _shapes(start):
+        raise ConformanceError(f"state size: the state grew from {_shapes(start)} to {_shapes(state)} in 40 steps; "
+                               "keep it constant, or declare 'growing_state' (and grows_state() on the params model)")
+
+
 CHECKS: dict[str, Callable[[CoreCase], None]] = {
     "protocol": check_protocol,
     "shapes": check_shapes,
@@ -435,6 +465,7 @@ CHECKS: dict[str, Callable[[CoreCase], None]] = {
     "save_load": check_save_load,
     "long_step": check_long_step,
     "shared_depth": check_shared_depth,
+    "state_size": check_state_size,
 }
 
 

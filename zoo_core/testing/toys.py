@@ -247,7 +247,25 @@ class NeedsBackend(ToyDiag):
         super().__init__(d_model, d_state, backend, device=device, dtype=dtype)
 
 
+class GrowingState(ToyDiag):
+    """Breaks constant streaming memory: step keeps every input in its state without declaring it grows."""
+
+    def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
+        state = super().init_state(batch_size, device=device, dtype=dtype)
+        return {**state, "seen": state["h"].new_zeros(batch_size, 0, self.d_model)}
+
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        seen = x.new_zeros(x.shape[0], 0, x.shape[2]) if state is None else state["seen"]
+        y, s = super().forward_with_state(x, None if state is None else {"h": state["h"]})
+        return y, {**s, "seen": torch.cat([seen, x], 1)}
+
+    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
+        y, s = super().step(x_t, {"h": state["h"]})
+        return y, {**s, "seen": torch.cat([state["seen"], x_t[:, None]], 1)}
+
+
 BROKEN["half_precision"] = AcceptsHalf
+BROKEN["state_size"] = GrowingState
 BROKEN["backendless"] = NeedsBackend
 
 
