@@ -1,0 +1,119 @@
+"""The SSD scan of Mamba-2 (Dao & Gu 2024): the sequential recurrence (the reference) and the
+chunked algorithm, with one signature.
+
+Letters: Bt batch, L length, Hh heads, P head_dim, G groups, N state size, Q chunk length,
+Nc number of chunks. Heads h = g·(Hh/G) + j use group g (mamba_ssm's and transformers' order).
+
+    a_t      = Δ_t · A                                   (Bt, L, Hh), A < 0 a scalar per head
+    H_t      = exp(a_t) · H_{t−1} + (Δ_t x_t) ⊗ B_t       (Bt, Hh, P, N)
+    y_t      = H_t · C_t                                 (Bt, Hh, P)
+
+Both take x (Bt, L, Hh, P), dt = Δ (Bt, L, Hh) (already softplus'd, clamped and scaled), A (Hh,),
+B, C (Bt, L, G, N), chunk_size, h0 (Bt, Hh, P, N) or None, and return (y (Bt, L, Hh, P),
+H_L (Bt, Hh, P, N)). The D skip and the gate are the core's. They compute in the inputs' dtype
+(the core passes float32 or float64).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+class SSDOp(Protocol):
+    """The signature both backends share (registered under op ``scan`` for structure ``ssd``)."""
+
+    def __call__(self, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int,
+                 h0: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
+
+
+def _per_head(t: Tensor, heads: int) -> Tensor:
+    """(..., G, N) -> (..., Hh, N): each group's B or C repeated for its heads."""
+    return t.repeat_interleave(heads // t.shape[-2], dim=-2)
+
+
+def ssd_step(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+    """One step: x (Bt, Hh, P), dt (Bt, Hh), B, C (Bt, G, N), h (Bt, Hh, P, N) -> (y (Bt, Hh, P), h)."""
+    Hh = x.shape[1]
+    Bh, Ch = _per_head(B, Hh), _per_head(C, Hh)  # (Bt, Hh, N)
+    decay = torch.exp(dt * A)[..., None, None]  # (Bt, Hh, 1, 1)
+    h = decay * h + (dt[..., None] * x)[..., None] * Bh[:, :, None, :]  # (Bt, Hh, P, N)
+    y = (h @ Ch[..., None])[..., 0]  # (Bt, Hh, P)
+    return y, h
+
+
+def ssd_sequential(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int,
+                   h0: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The recurrence, one step at a time under autograd: the reference (``chunk_size`` unused)."""
+    Bt, L, Hh, P = x.shape
+    h = x.new_zeros(Bt, Hh, P, B.shape[-1]) if h0 is None else h0.to(x.dtype)  # (Bt, Hh, P, N)
+    ys = []
+    for t in range(L):
+        y, h = ssd_step(x[:, t], dt[:, t], A, B[:, t], C[:, t], h)
+        ys.append(y)
+    y = torch.stack(ys, 1) if ys else x.new_zeros(Bt, 0, Hh, P)  # (Bt, L, Hh, P)
+    return y, h
+
+
+def _chunks(t: Tensor, Q: int, pad: int) -> Tensor:
+    """(Bt, L, K, D) -> (Bt, K, Nc, Q, D), zero-padded at the end to Nc·Q steps."""
+    t = F.pad(t, (0, 0, 0, 0, 0, pad))
+    Bt, Lp, K, D = t.shape
+    return t.view(Bt, Lp // Q, Q, K, D).permute(0, 3, 1, 2, 4)
+
+
+def _segsum_exp(cs: Tensor) -> Tensor:
+    """exp(cs_l − cs_s) for s ≤ l and 0 above the diagonal: cs (..., Q) -> (..., Q, Q).
+
+    Differences of a cumulative sum (one subtraction, masked before exp so nothing overflows)."""
+    Q = cs.shape[-1]
+    keep = torch.ones(Q, Q, dtype=torch.bool, device=cs.device).tril()
+    diff = cs[..., :, None] - cs[..., None, :]  # (..., Q, Q)
+    return torch.exp(diff.masked_fill(~keep, float("-inf")))
+
+
+def ssd_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int,
+                h0: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The chunked SSD algorithm: within each chunk of Q steps the quadratic (attention-like) form
+    as batched matmuls, across chunks the states passed by one (Nc+1)×(Nc+1) decay matmul.
+
+    Nothing of size (L, L) is built: the largest intermediates are (Bt, Hh, Nc, Q, Q). Padding the
+    last chunk with Δ = 0 and x = 0 leaves the state unchanged (decay exp(0) = 1, no input).
+    """
+    Bt, L, Hh, P = x.shape
+    G, N = B.shape[-2:]
+    Q = max(1, min(chunk_size, L))
+    pad = (-L) % Q
+    a = (dt * A)[..., None]  # (Bt, L, Hh, 1)
+    xdt = _chunks(x * dt[..., None], Q, pad)  # (Bt, Hh, Nc, Q, P)
+    cs = torch.cumsum(_chunks(a, Q, pad)[..., 0], dim=-1)  # (Bt, Hh, Nc, Q)
+    Bc, Cc = _chunks(B, Q, pad), _chunks(C, Q, pad)  # (Bt, G, Nc, Q, N)
+    Nc = cs.shape[2]
+    grouped = (Bt, G, Hh // G, Nc, Q)  # heads split as (group, head within group): broadcast B, C
+
+    # 1. within chunks: y_l = Σ_{s≤l} (C_l·B_s) exp(cs_l − cs_s) Δ_s x_s
+    CB = (Cc @ Bc.transpose(-1, -2))[:, :, None]  # (Bt, G, 1, Nc, Q, Q), per group, not per head
+    M = CB * _segsum_exp(cs).view(*grouped, Q)  # (Bt, G, Hh/G, Nc, Q, Q)
+    y = M @ xdt.view(*grouped, P)  # (Bt, G, Hh/G, Nc, Q, P)
+
+    # 2. each chunk's own contribution to the state at its end: Σ_s exp(cs_end − cs_s) Δ_s x_s ⊗ B_s
+    to_end = torch.exp(cs[..., -1:] - cs)  # (Bt, Hh, Nc, Q)
+    own = (xdt * to_end[..., None]).view(*grouped, P).transpose(-1, -2) @ Bc[:, :, None]  # (Bt, G, Hh/G, Nc, P, N)
+
+    # 3. across chunks: the state entering each chunk, H_in[c] = Σ_{z≤c} exp(Σ totals of z..c−1) own[z−1]
+    first = x.new_zeros(Bt, Hh, P, N) if h0 is None else h0.to(x.dtype)  # (Bt, Hh, P, N)
+    states = torch.cat([first[:, :, None], own.reshape(Bt, Hh, Nc, P, N)], dim=2)  # (Bt, Hh, Nc+1, P, N)
+    totals = F.pad(cs[..., -1], (1, 0))  # (Bt, Hh, Nc+1): log-decay across each chunk (0 for h0)
+    across = _segsum_exp(torch.cumsum(totals, -1))  # (Bt, Hh, Nc+1, Nc+1)
+    passed = (across @ states.flatten(-2)).view(Bt, Hh, Nc + 1, P, N)  # state after each chunk boundary
+    h_in, h_last = passed[:, :, :-1], passed[:, :, -1]  # (Bt, Hh, Nc, P, N), (Bt, Hh, P, N)
+
+    # 4. the entering state seen from inside each chunk: y_l += exp(cs_l) C_l · H_in
+    from_start = torch.exp(cs)[..., None]  # (Bt, Hh, Nc, Q, 1)
+    y_off = Cc[:, :, None] @ h_in.view(*grouped[:4], P, N).transpose(-1, -2)  # (Bt, G, Hh/G, Nc, Q, P)
+    y = y.view(Bt, Hh, Nc, Q, P) + from_start * y_off.view(Bt, Hh, Nc, Q, P)
+    y = y.permute(0, 2, 3, 1, 4).reshape(Bt, Nc * Q, Hh, P)[:, :L]  # (Bt, L, Hh, P)
+    return y, h_last
