@@ -1,0 +1,214 @@
+"""The Mamba-3 mixer, single-input single-output (Lahoti, Li, Chen, Wang, Bick, Kolter, Dao, Gu 2026),
+as mamba_ssm's ``Mamba3Simple`` defines it.
+
+Letters: Bt batch, L length, Dm model width (d_model), Di = expand·Dm inner width, H heads,
+P = headdim, G groups, N state size.
+
+    [z, x, B, C, δ, θ, λ] = in_proj(u)         Di, Di, G·N, G·N, H, H·N/2, H
+    Δ = clamp(softplus(δ + dt_bias)) · dt_scale, A = −exp(A_log) (H,)   λ = sigmoid(λ)
+    B, C ← RMSNorm_N (per group), repeated to heads, + B_bias, C_bias (H, N)
+    B, C ← rotate(B, C; Φ_t),  Φ_t = Φ_0 + Σ_{r≤t} θ_r · dt_scale      pairs (n, n + N/2)
+    h_t  = exp(Δ_t A) h_{t−1} + λ_t Δ_t x_t B_tᵀ + (1 − λ_t) Δ_t exp(Δ_t A) x_{t−1} B_{t−1}ᵀ
+    y    = h_t C_t + D x_t;   out = out_proj(RMSNorm_group(y ⊙ SiLU(z)) ⊙ norm.weight)
+
+There is no convolution (Mamba-3 drops it). The state carried between calls (and by ``step``):
+``ssm`` (Bt, H, P, N), the last step's ``x_prev`` (Bt, H, P) and rotated ``B_prev`` (Bt, H, N)
+for the trapezoid's β term, and the cumulative rotary angle ``angle`` (Bt, H, N/2). Parameter names
+equal the reference's, so its state dict loads by name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from zoo_core.corebase import CoreBase
+from zoo_core.plugin_registry import Problem
+from zoo_core.protocols import OptimHint, State, require_float
+
+from .params import Mamba3Params, resolve_heads
+from .scan import TrapScanOp, trap_scan_sequential
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm of y ⊙ SiLU(z) over groups of ``group_size`` channels (mamba_ssm's ``RMSNormGated``
+    with ``norm_before_gate=False``), times a learned weight."""
+
+    def __init__(self, d: int, group_size: int, eps: float = 1e-5, **kw: Any) -> None:
+        super().__init__()
+        self.group_size, self.eps = group_size, eps
+        self.weight = nn.Parameter(torch.ones(d, **kw))
+
+    def forward(self, y: Tensor, z: Tensor) -> Tensor:
+        g = y * F.silu(z)
+        shape = g.shape
+        g = g.reshape(*shape[:-1], -1, self.group_size)
+        g = g * torch.rsqrt(g.square().mean(-1, keepdim=True) + self.eps)
+        return g.reshape(shape) * self.weight
+
+
+def rotate_half(v: Tensor, angle: Tensor) -> Tensor:
+    """Rotate pairs (v_n, v_{n+N/2}) by angle_n: v (..., N), angle (..., N/2) (mamba_ssm's layout)."""
+    v1, v2 = v.chunk(2, dim=-1)
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    return torch.cat([v1 * cos - v2 * sin, v1 * sin + v2 * cos], dim=-1)
+
+
+class Mamba3(CoreBase, params=Mamba3Params):
+    paths = {"ssd": ("scan",)}
+    reference = {"scan": "mamba3-sequential"}
+    problem = Problem(structure="mamba3", lti=False)
+    # Present only with the matching switch; declared for the type checker.
+    B_norm: nn.RMSNorm
+    C_norm: nn.RMSNorm
+    B_bias: nn.Parameter  # (H, N)
+    C_bias: nn.Parameter  # (H, N)
+
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 64,
+        expand: int = 2,
+        headdim: int | None = None,
+        nheads: int | None = None,
+        ngroups: int = 1,
+        A_init_min: float = 1.0,
+        A_init_max: float = 16.0,
+        dt_min: float = 1e-3,
+        dt_max: float = 0.1,
+        dt_init_floor: float = 1e-4,
+        dt_limit_min: float = 0.0,
+        dt_limit_max: float | None = None,
+        dt_scale: float = 1.0,
+        bias: bool = False,
+        use_rope: bool = True,
+        use_trapezoidal: bool = True,
+        use_bc_norm: bool = True,
+        use_bc_bias: bool = True,
+        chunk_size: int = 64,
+        backend: str | Mapping[str, str] = "auto",
+        *,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()  # arguments were validated against Mamba3Params; the backend is bound after
+        real = dtype or torch.get_default_dtype()
+        kw = {"device": device, "dtype": real}
+        fp32 = {"device": device, "dtype": torch.promote_types(real, torch.float32)}  # A_log, D, dt_bias: never half
+        Di = expand * d_model
+        (H, headdim), N, G = resolve_heads(Di, headdim, nheads), d_state, ngroups
+        self.d_model, self.d_state, self.expand, self.d_inner, self.headdim = d_model, N, expand, Di, headdim
+        self.nheads, self.ngroups, self.chunk_size, self.dt_scale = H, G, chunk_size, dt_scale
+        self.dt_limit = (dt_limit_min, math.inf if dt_limit_max is None else dt_limit_max)
+        self.use_rope, self.use_trapezoidal = use_rope, use_trapezoidal
+        self.use_bc_norm, self.use_bc_bias = use_bc_norm, use_bc_bias
+        self._split = [Di, Di, G * N, G * N, H, H * (N // 2) if use_rope else 0, H if use_trapezoidal else 0]
+        self.in_proj = nn.Linear(d_model, sum(self._split), bias=bias, **kw)
+        # the reference's draw order: dt_bias, A_log, D
+        dt = torch.exp(torch.rand(H, **fp32) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        dt = dt.clamp(min=dt_init_floor)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(Δ₀)
+        self.A_log = nn.Parameter(torch.log(torch.empty(H, **fp32).uniform_(A_init_min, A_init_max)))
+        self.D = nn.Parameter(torch.ones(H, **fp32))
+        if use_bc_norm:
+            self.B_norm = nn.RMSNorm(N, eps=1e-5, **kw)
+            self.C_norm = nn.RMSNorm(N, eps=1e-5, **kw)
+        if use_bc_bias:
+            self.B_bias = nn.Parameter(torch.ones(H, N, **kw))
+            self.C_bias = nn.Parameter(torch.ones(H, N, **kw))
+        self.norm = GatedRMSNorm(Di, Di // G, eps=1e-5, **kw)
+        self.out_proj = nn.Linear(Di, d_model, bias=bias, **kw)
+
+    # pieces ------------------------------------------------------------------------------
+    def _project(self, u: Tensor, angle0: Tensor | None) -> dict[str, Tensor]:
+        """Everything the scan needs from u (Bt, L, Dm): z, x (Bt, L, H, P), Δ, λ (Bt, L, H),
+        rotated B, C (Bt, L, H, N) and the cumulative angle (Bt, L, H, N/2) continuing angle0."""
+        Bt, L, _ = u.shape
+        H, P, N, G = self.nheads, self.headdim, self.d_state, self.ngroups
+        z, x, B, C, dt_raw, theta, lam_raw = self.in_proj(u).split(self._split, -1)
+        dt = F.softplus(dt_raw + self.dt_bias)  # (Bt, L, H)
+        if self.dt_limit != (0.0, math.inf):
+            dt = dt.clamp(min=self.dt_limit[0], max=self.dt_limit[1])
+        dt = dt * self.dt_scale  # a sampling-rate factor on every Δ (1 in training: the reference)
+        B, C = B.reshape(Bt, L, G, N), C.reshape(Bt, L, G, N)
+        if self.use_bc_norm:
+            B, C = self.B_norm(B), self.C_norm(C)
+        B = B.repeat_interleave(H // G, dim=2)  # (Bt, L, H, N): group g serves heads g·H/G ...
+        C = C.repeat_interleave(H // G, dim=2)
+        if self.use_bc_bias:
+            B, C = B + self.B_bias, C + self.C_bias
+        out = {"z": z, "x": x.reshape(Bt, L, H, P), "dt": dt}
+        if self.use_rope:
+            angle = torch.cumsum(theta.reshape(Bt, L, H, N // 2).to(dt.dtype) * self.dt_scale, dim=1)
+            if angle0 is not None:
+                angle = angle + angle0[:, None]
+            B, C = rotate_half(B, angle), rotate_half(C, angle)
+            out["angle"] = angle
+        out["B"], out["C"] = B, C
+        if self.use_trapezoidal:
+            out["lam"] = torch.sigmoid(lam_raw)
+        return out
+
+    def A(self) -> Tensor:
+        return -torch.exp(self.A_log)  # (H,)
+
+    def _run(self, u: Tensor, state: State | None, scan: TrapScanOp) -> tuple[Tensor, State]:
+        """u (Bt, L, Dm) through ``scan``, continuing ``state``; the output and the state after."""
+        require_float(u, "Mamba3")
+        Bt, L, _ = u.shape
+        if L == 0:
+            return u.new_zeros(Bt, 0, self.d_model), (self.init_state(Bt, device=u.device, dtype=u.dtype)
+                                                      if state is None else dict(state))
+        p = self._project(u, None if state is None else state.get("angle"))
+        x_prev = B_prev = h0 = None
+        if state is not None:
+            h0, x_prev, B_prev = state["ssm"], state.get("x_prev"), state.get("B_prev")
+        y, h = scan(p["x"], p["dt"], self.A(), p["B"], p["C"], p.get("lam"), h0, x_prev, B_prev,
+                    chunk_size=self.chunk_size)
+        y = (y + p["x"] * self.D[:, None]).to(u.dtype)  # (Bt, L, H, P)
+        out = self.out_proj(self.norm(y.reshape(Bt, L, self.d_inner), p["z"]))
+        new: State = {"ssm": h}
+        if self.use_trapezoidal:
+            new["x_prev"], new["B_prev"] = p["x"][:, -1].to(h.dtype), p["B"][:, -1].to(h.dtype)
+        if self.use_rope:
+            new["angle"] = p["angle"][:, -1].to(h.dtype)
+        return out, new
+
+    # sequence and streaming ----------------------------------------------------------------
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        """x (Bt, L, Dm) -> y (Bt, L, Dm) and the state after the last step."""
+        return self._run(x, state, cast(TrapScanOp, self.ops.scan))
+
+    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
+        """x_t (Bt, Dm) -> y_t (Bt, Dm): one update of the recurrence, whatever the backend."""
+        y, new = self._run(x_t[:, None], state, trap_scan_sequential)
+        return y[:, 0], new
+
+    def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
+        w = self.in_proj.weight
+        device = device or w.device
+        dt = torch.promote_types(dtype or w.dtype, torch.float32)
+        H, P, N = self.nheads, self.headdim, self.d_state
+        state: State = {"ssm": torch.zeros(batch_size, H, P, N, device=device, dtype=dt)}
+        if self.use_trapezoidal:
+            state["x_prev"] = torch.zeros(batch_size, H, P, device=device, dtype=dt)
+            state["B_prev"] = torch.zeros(batch_size, H, N, device=device, dtype=dt)
+        if self.use_rope:
+            state["angle"] = torch.zeros(batch_size, H, N // 2, device=device, dtype=dt)
+        return state
+
+    def optim_hints(self) -> Mapping[str, OptimHint]:
+        """No weight decay on dt_bias, A_log and D (the reference's ``_no_weight_decay``)."""
+        hint = OptimHint(weight_decay=0.0)
+        return {n: hint for n, _ in self.named_parameters() if n in ("dt_bias", "A_log", "D")}
+
+    def extra_repr(self) -> str:
+        off = [k for k in ("use_rope", "use_trapezoidal", "use_bc_norm", "use_bc_bias") if not getattr(self, k)]
+        return (f"d_model={self.d_model}, d_inner={self.d_inner}, heads={self.nheads}×{self.headdim}, "
+                f"d_state={self.d_state}, ngroups={self.ngroups}, chunk_size={self.chunk_size}"
+                + "".join(f", {k}=False" for k in off) + f", backend={self.backend_choice.label()}")
