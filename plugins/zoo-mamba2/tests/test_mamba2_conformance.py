@@ -7,24 +7,14 @@ class TestMamba2(ConformanceSuite):
     core = "mamba2"
 
 
-class TestMamba2NormBeforeGate(ConformanceSuite):
-    """The other gate order, one group, Δ clamped to a limit, biases everywhere."""
+class TestMamba2Variant(ConformanceSuite):
+    """The other gate order, one group, heads given by head_dim, Δ clamped to limits, biases in the
+    projections but none in the conv, a chunk of 3."""
 
     core = "mamba2"
 
     def make_case(self):
         case = super().make_case()
         case.params.update(n_groups=1, norm_before_gate=True, dt_limit_min=0.01, dt_limit_max=0.05, bias=True,
-                           chunk_size=3)
-        return case
-
-
-class TestMamba2NoNorm(ConformanceSuite):
-    """No RMSNorm (y · SiLU(z)), no conv bias, heads given by head_dim."""
-
-    core = "mamba2"
-
-    def make_case(self):
-        case = super().make_case()
-        case.params.update(rmsnorm=False, conv_bias=False, head_dim=2, n_heads=None, n_groups=5, chunk_size=8)
+                           conv_bias=False, head_dim=2, n_heads=None, chunk_size=3)
         return case
