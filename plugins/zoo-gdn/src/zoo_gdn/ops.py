@@ -1,0 +1,98 @@
+"""The gated delta rule: the sequential reference and the chunked (WY / UT-transform) form.
+
+Letters: B batch, L length, h heads, K key width, V value width per head, C chunk length,
+N number of chunks. The state S is (K, V) per head, fla's layout (o_t = S_tᵀ q_t):
+
+    S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ,   α_t = exp(g_t),   o_t = S_tᵀ q_t
+
+Both functions have one signature (the op a backend implements for the structure "gated_delta"):
+q, k (B, L, h, K) — already L2-normalised, q already scaled —, v (B, L, h, V), beta, g (B, L, h)
+with g ≤ 0 the log-decay, h0 (B, h, K, V) or None; they return o (B, L, h, V) in v's dtype and the
+final state (B, h, K, V) in the compute dtype (float32, or float64 for float64 inputs).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _compute_dtype(*xs: Tensor) -> torch.dtype:
+    dtype = torch.float32
+    for x in xs:
+        dtype = torch.promote_types(dtype, x.dtype)
+    return dtype
+
+
+def gated_delta_step(q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor, g_t: Tensor, S: Tensor) -> tuple[Tensor, Tensor]:
+    """One step: q_t, k_t (B, h, K), v_t (B, h, V), beta_t, g_t (B, h), S (B, h, K, V) -> o_t (B, h, V), S_t."""
+    S = S * torch.exp(g_t)[..., None, None]  # (B, h, K, V) α_t S_{t−1}
+    u = beta_t[..., None] * (v_t - torch.einsum("bhk,bhkv->bhv", k_t, S))  # (B, h, V) the delta-rule correction
+    S = S + k_t[..., None] * u[..., None, :]  # (B, h, K, V)
+    return torch.einsum("bhk,bhkv->bhv", q_t, S), S
+
+
+def gated_delta_sequential(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None = None,
+                           *, chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+    """Reference: the recurrence one step at a time under autograd (``chunk_size`` is ignored)."""
+    dtype = _compute_dtype(q, k, v, beta, g)
+    B, L, H, K = q.shape
+    S = q.new_zeros(B, H, K, v.shape[-1], dtype=dtype) if h0 is None else h0.to(dtype)  # (B, h, K, V)
+    q, k, v, beta, g = (t.to(dtype) for t in (q, k, v, beta, g))
+    outs = []
+    for t in range(L):
+        o_t, S = gated_delta_step(q[:, t], k[:, t], v[:, t], beta[:, t], g[:, t], S)
+        outs.append(o_t)
+    o = torch.stack(outs, 1) if outs else v.new_zeros(v.shape, dtype=dtype)  # (B, L, h, V)
+    return o.to(v.dtype), S
+
+
+def _chunks(x: Tensor, C: int, pad: int) -> Tensor:
+    """(B, L, h, *D) -> (B, h, N, C, *D), zero-padded at the end to N·C steps."""
+    x = x.transpose(1, 2)  # (B, h, L, *D)
+    if pad:
+        widths = [0, 0] * (x.dim() - 3) + [0, pad]
+        x = F.pad(x, widths)
+    return x.reshape(*x.shape[:2], -1, C, *x.shape[3:])
+
+
+def gated_delta_chunked(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None = None,
+                        *, chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+    """The chunked WY form: every chunk's intra-chunk work as batched matmuls and one triangular
+    solve (the UT transform), then only a short loop over chunks to pass the state.
+
+    Within a chunk with cumulative log-decay γ_i = Σ_{j≤i} g_j and entry state S₀, the corrections
+    u_j = β_j (v_j − α_j S_{j−1}ᵀ k_j) satisfy (I + A) U = diag(β) V − diag(β e^γ) K S₀ with
+    A_ij = β_i e^{γ_i−γ_j} k_iᵀk_j (i > j), so U = Ũ − W S₀ with [W, Ũ] = (I + A)⁻¹ [diag(β e^γ) K, diag(β) V];
+    then O = diag(e^γ) Q S₀ + (QKᵀ ⊙ Γ) U and S_C = e^{γ_C} S₀ + (K ⊙ e^{γ_C−γ})ᵀ U, Γ_ij = e^{γ_i−γ_j} (i ≥ j).
+    Every exponent is ≤ 0 (masked before exp), so nothing overflows. Padding steps have g = β = 0:
+    they leave the state unchanged, so the final state is exact for any L.
+    """
+    dtype = _compute_dtype(q, k, v, beta, g)
+    B, L, H, K = q.shape
+    V = v.shape[-1]
+    C = max(1, min(chunk_size, L))
+    pad = (-L) % C
+    q, k, v, beta, g = (_chunks(t.to(dtype), C, pad) for t in (q, k, v, beta, g))  # (B, h, N, C, ·)
+    gam = g.cumsum(-1)  # (B, h, N, C) γ
+    ones = torch.ones(C, C, dtype=torch.bool, device=q.device)
+    incl, strict = torch.tril(ones), torch.tril(ones, -1)
+    decay = torch.exp((gam[..., :, None] - gam[..., None, :]).masked_fill(~incl, float("-inf")))  # (B, h, N, C, C) Γ
+    A = (beta[..., :, None] * (k @ k.transpose(-1, -2)) * decay).masked_fill(~strict, 0.0)  # (B, h, N, C, C)
+    rhs = torch.cat([(beta * gam.exp())[..., None] * k, beta[..., None] * v], -1)  # (B, h, N, C, K+V)
+    W, Ut = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True).split([K, V], -1)  # (I + A)⁻¹ rhs
+    M = (q @ k.transpose(-1, -2)) * decay  # (B, h, N, C, C) causal, diagonal included
+    kd = k * torch.exp(gam[..., -1:] - gam)[..., None]  # (B, h, N, C, K) e^{γ_C−γ_j} k_j
+    last = torch.exp(gam[..., -1])[..., None, None]  # (B, h, N, 1, 1) e^{γ_C}
+    S = q.new_zeros(B, H, K, V) if h0 is None else h0.to(dtype)  # (B, h, K, V)
+    starts, us = [], []
+    for n in range(q.shape[2]):
+        u = Ut[:, :, n] - W[:, :, n] @ S  # (B, h, C, V)
+        starts.append(S)
+        us.append(u)
+        S = last[:, :, n] * S + kd[:, :, n].transpose(-1, -2) @ u  # (B, h, K, V)
+    S0, U = torch.stack(starts, 2), torch.stack(us, 2)  # (B, h, N, K, V), (B, h, N, C, V)
+    o = (q * gam.exp()[..., None]) @ S0 + M @ U  # (B, h, N, C, V)
+    o = o.reshape(B, H, -1, V)[:, :, :L].transpose(1, 2)  # (B, L, h, V)
+    return o.to(v.dtype), S
