@@ -1,0 +1,3 @@
+"""The attention core for SSM Zoo. Importing this package has no side effects; registration is in ``plugin``."""
+
+__version__ = "0.1.0"
