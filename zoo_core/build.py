@@ -49,10 +49,24 @@ def _is_meta(device: Any) -> bool:
     return device is not None and torch.device(device).type == "meta"
 
 
-def _copies_on_meta(blocks: list[Block | LrcBlock], n: int) -> list[Block | LrcBlock]:
-    """On the meta device every block is a copy of the first: the shapes are what a real build
-    makes, and a 4096-block spec is sized in milliseconds instead of re-running each core's init."""
-    return blocks + [copy.deepcopy(blocks[0]) for _ in range(n - len(blocks))]
+def _make_blocks(spec: Spec, kw: dict[str, Any]) -> list[Block | LrcBlock]:
+    """One block per unique block of the schedule, each around the core its positions place (a
+    hybrid stack mixes cores; validation made positions sharing a block agree). On the meta device
+    a block is a copy of the first block with the same core: the shapes are what a real build makes,
+    and a 4096-block spec is sized in milliseconds instead of re-running each core's init."""
+    m = spec.envelope.model
+    recipe = m.block.recipe()
+    first: dict[str, Block | LrcBlock] = {}
+    blocks: list[Block | LrcBlock] = []
+    for name in spec.block_cores():
+        if _is_meta(kw["device"]) and name in first:
+            blocks.append(copy.deepcopy(first[name]))
+            continue
+        entry, params = spec.core_at(name)
+        block = make_block(m.block.layout, entry.instantiate(**params.model_dump(), **kw), m.d_model, **recipe, **kw)
+        first.setdefault(name, block)
+        blocks.append(block)
+    return blocks
 
 
 def _assemble(spec: Spec, *, device: Any, dtype: Any, seed: int | None) -> SequenceModel:
@@ -60,13 +74,8 @@ def _assemble(spec: Spec, *, device: Any, dtype: Any, seed: int | None) -> Seque
         torch.manual_seed(seed)
     env, m = spec.envelope, spec.envelope.model
     kw = {"device": device, "dtype": dtype}
-    params = spec.core_params.model_dump()
     schedule = spec.policy.schedule(m.depth)
-    recipe = m.block.recipe()
-    blocks = _copies_on_meta([
-        make_block(m.block.layout, spec.core.instantiate(**params, **kw), m.d_model, **recipe, **kw)
-        for _ in range(1 if _is_meta(device) else spec.policy.num_blocks(m.depth))
-    ], spec.policy.num_blocks(m.depth))
+    blocks = _make_blocks(spec, kw)
     st = m.stacking
     if m.block.norm == "batch" and st.norms == "shared" and len(blocks) < len(schedule):
         _warn_once(
@@ -77,7 +86,8 @@ def _assemble(spec: Spec, *, device: Any, dtype: Any, seed: int | None) -> Seque
             "model.stacking.norms: per_position"
         )
     stack = Stack(blocks, schedule, damping=st.damping,
-                  damping_init=0.9 if st.damping_init is None else st.damping_init, norms=st.norms)
+                  damping_init=0.9 if st.damping_init is None else st.damping_init, norms=st.norms,
+                  core_names=spec.block_cores())
     reshaper = None
     d_in = (env.input.channels or 0) + int(env.input.include_time)
     if env.input.reshape is not None:
@@ -122,16 +132,52 @@ def _head_weight_tied(model: SequenceModel) -> bool:
     return weight is not None and any(p is weight for p in model.encoder.parameters())
 
 
+def _core_kinds(model: SequenceModel) -> dict[str, str]:
+    """Spec name of each core ('core' and a hybrid's model.cores) -> its registered kind."""
+    m = model.spec.get("model", {})
+    return {"core": m.get("core", {}).get("kind", "?"),
+            **{name: c.get("kind", "?") for name, c in (m.get("cores") or {}).items()}}
+
+
+def _layout_lines(model: SequenceModel) -> list[str]:
+    """A hybrid stack's placement: per depth position, the core (spec name and kind) and the unique
+    block it runs; consecutive positions with the same core are grouped."""
+    m = model.spec.get("model", {})
+    kinds = _core_kinds(model)
+    stack = model.stack
+    how = (f"pattern [{', '.join(m['pattern'])}]" if m.get("pattern") else
+           "positions " + "; ".join(f"{n} at {', '.join(map(str, p))}" for n, p in (m.get("positions") or {}).items()))
+    lines = [f"cores: {how}; {', '.join(f'{n} = {k}' for n, k in kinds.items())}"]
+    runs: list[list[int]] = []
+    for pos in range(stack.depth):
+        if runs and stack.core_name(runs[-1][-1]) == stack.core_name(pos):
+            runs[-1].append(pos)
+        else:
+            runs.append([pos])
+    width = max(len(f"{n} ({k})") for n, k in kinds.items())
+    for run in runs:
+        name = stack.core_name(run[0])
+        where = f"{run[0] + 1}" if len(run) == 1 else f"{run[0] + 1}-{run[-1] + 1}"
+        blocks = pattern([stack.block_index(p) for p in run])
+        label = f"{name} ({kinds.get(name, '?')})"
+        lines.append(f"  position{'s' if len(run) > 1 else ' '} {where:<7} {label:<{width}}  block{'s' if len(run) > 1 else ''} {blocks}")
+    return lines
+
+
 def summary(model: SequenceModel) -> str:
     """Parameters per component, unique vs applied blocks, schedule, depth settings and backends."""
     spec = model.spec
     core = spec.get("model", {}).get("core", {})
     stack = model.stack
     blocks = stack.blocks
+    kinds = _core_kinds(model)
+    title = "+".join(dict.fromkeys(kinds[n] for n in stack.core_names if n in kinds)) if stack.hybrid else core.get("kind", "?")
     lines = [
-        f"model: {spec.get('name') or core.get('kind', '?')}  task={model.task}  pool={model.pool.name}  d_model={model.d_model}",
+        f"model: {spec.get('name') or title}  task={model.task}  pool={model.pool.name}  d_model={model.d_model}",
         f"stack: depth {stack.depth}, {len(blocks)} unique block(s), schedule {pattern(stack.schedule)}, period {stack.period}",
     ]
+    if stack.hybrid:
+        lines += _layout_lines(model)
     if model.reshaper is not None:
         r = model.reshaper
         lines.append(f"input: reshape {r.mode} c={r.c} (d={r.d}: {r.d} features per step -> {r.c} per model step)")
@@ -141,7 +187,8 @@ def summary(model: SequenceModel) -> str:
     for i in range(len(blocks)):
         block = stack.block(i)
         uses = stack.schedule.count(i)
-        lines.append(f"  block {pattern([i])}     {_fmt(count_params(block))}  (core {_fmt(count_params(block.core))}; applied {uses}x)")
+        label = f"{kinds.get(stack.core_names[i], '?')} core " if stack.hybrid else "core "
+        lines.append(f"  block {pattern([i])}     {_fmt(count_params(block))}  ({label}{_fmt(count_params(block.core))}; applied {uses}x)")
     if stack.position_norms is not None:
         lines.append(f"  norms       {_fmt(count_params(stack.position_norms))}  (one set per depth position)")
     if stack.damping_logit is not None:

@@ -128,9 +128,15 @@ def meta_model(spec: Any, *, registry: Any = None) -> Any:
         with torch.device("meta"):
             return build_model(spec, registry=registry, device="meta")
     except RuntimeError as exc:  # a core that calls .item() on its initialisation: see the module docstring
-        _once(f"core {spec.core.name!r} cannot initialise with every factory on the meta device ({exc}); sizing it "
+        _once(f"core {_kinds(spec)} cannot initialise with every factory on the meta device ({exc}); sizing it "
               "with device='meta' only (its initialisation runs on the CPU for one block)")
         return build_model(spec, registry=registry, device="meta")
+
+
+def _kinds(spec: Any) -> str:
+    """The spec's core kind(s) for messages: 'lru', or 'lru'/'s4d' for a hybrid stack."""
+    named = getattr(spec, "named", None) or {"core": (spec.core, spec.core_params)}
+    return "/".join(dict.fromkeys(repr(entry.name) for entry, _ in named.values()))
 
 
 def _once(message: str) -> None:
@@ -245,7 +251,9 @@ def _traced_bytes(model: Any, x: Any, *, train: bool) -> int:
 
 def _analytical_bytes(spec: Any, batch: int, length: int) -> int:
     m = spec.envelope.model
-    width = max(m.d_model, int(getattr(spec.core_params, "d_state", 0) or 0))
+    named = getattr(spec, "named", None) or {"core": (spec.core, spec.core_params)}
+    # a hybrid stack: the widest core bounds every position (an upper bound, as the rest of it)
+    width = max(m.d_model, *(int(getattr(params, "d_state", 0) or 0) for _, params in named.values()))
     return _ANALYTICAL_FACTOR * batch * length * width * 4 * m.depth
 
 
@@ -265,7 +273,7 @@ def activation_bytes(spec: Any, model: Any, batch: int, length: int) -> tuple[in
         return (math.ceil((shared + batch * per_sample) * length / probe),
                 f"peak of meta-device forwards ({mode} mode, autograd on) at batch 1 and 2, length {probe}, "
                 "scaled to B·L")
-    _once(f"core {spec.core.name!r}: the model cannot run on the meta device ({reasons[-1]}); using the analytical "
+    _once(f"core {_kinds(spec)}: the model cannot run on the meta device ({reasons[-1]}); using the analytical "
           "activation bound")
     return (_analytical_bytes(spec, batch, length),
             f"analytical bound {_ANALYTICAL_FACTOR}·B·L·max(H, N)·4 B per block: the model cannot run on meta")

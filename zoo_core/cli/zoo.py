@@ -145,7 +145,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     m = spec.envelope.model
-    print(f"{args.spec}: ok ({spec.core.name} from {spec.core.provider.dist}, depth {m.depth}, d_model {m.d_model})")
+    cores = ", ".join(dict.fromkeys(f"{e.name} from {e.provider.dist}" for e, _ in spec.named.values())) or \
+        f"{spec.core.name} from {spec.core.provider.dist}"
+    print(f"{args.spec}: ok ({cores}, depth {m.depth}, d_model {m.d_model})")
     fp = estimate(spec, batch=args.batch_size, length=args.length)
     print(f"size: {fp.describe()}")
     if fp.train_bytes > (free := available_memory()):

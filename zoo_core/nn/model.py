@@ -282,7 +282,9 @@ def rescale_sampling_rate(model: SequenceModel, factor: float) -> SequenceModel:
         for core, scale in zip(cores, before, strict=True):  # all or nothing: no half-rescaled model
             core.dt_scale = scale
         raise
-    core_spec = model.spec.get("model", {}).get("core")
-    if core_spec is not None:
-        core_spec["dt_scale"] = float(cores[0].dt_scale)
+    body = model.spec.get("model", {})
+    for name, core in zip(model.stack.core_names, cores, strict=True):  # a hybrid's named cores too
+        core_spec = body.get("core") if name == "core" else (body.get("cores") or {}).get(name)
+        if core_spec is not None:
+            core_spec["dt_scale"] = float(core.dt_scale)
     return model

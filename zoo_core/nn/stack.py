@@ -3,6 +3,8 @@
 Letters: B batch, L length, H model width. ``blocks`` holds the distinct blocks only, so weights
 shared across depth exist (and are saved) once; ``schedule[i]`` is the block run at depth position
 i. One recurrent state is kept per depth position, even when positions share a block.
+A hybrid stack's blocks hold cores of different kinds (``core_names``: the spec's name of each
+block's core); nothing below depends on it — each position's state is its own core's.
 ``advance`` carries those states over a chunk of model steps and hands back the features at the
 depths the model reads (its streaming path, where adaptive depth reads several).
 
@@ -46,14 +48,19 @@ class Stack(nn.Module):
         damping: float | str = 1.0,
         damping_init: float = 0.9,
         norms: str = "shared",
+        core_names: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         if not schedule:
             raise ValueError("a stack needs at least one depth position")
         if sorted(set(schedule)) != list(range(len(blocks))):
             raise ValueError(f"schedule {list(schedule)} must use every one of the {len(blocks)} blocks")
+        if core_names is not None and len(core_names) != len(blocks):
+            raise ValueError(f"core_names names {len(core_names)} cores for {len(blocks)} blocks; give one name per block")
         self.blocks = nn.ModuleList(blocks)
         self.schedule = list(schedule)
+        # the spec's name of each unique block's core ('core' = model.core; others: a hybrid's model.cores)
+        self.core_names = list(core_names) if core_names is not None else ["core"] * len(blocks)
         self.period = schedule_period(self.schedule)
         self.damping_mode = "learned" if damping == "learned" else "fixed"
         if damping == "learned":
@@ -84,6 +91,15 @@ class Stack(nn.Module):
     @property
     def depth(self) -> int:
         return len(self.schedule)
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether the blocks hold cores of more than one name (a hybrid stack)."""
+        return len(set(self.core_names)) > 1
+
+    def core_name(self, pos: int) -> str:
+        """The spec's name of the core run at depth position ``pos`` (0-based; past the depth: cyclic)."""
+        return self.core_names[self.block_index(pos)]
 
     def block(self, i: int) -> Block | LrcBlock:
         """Unique block ``i``: ``self.blocks[i]``, typed."""

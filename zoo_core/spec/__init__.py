@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -17,9 +17,9 @@ from pydantic import BaseModel, ValidationError
 from ..errors import PluginError, SpecError, ZooError
 from ..plugin_registry import OPS, CoreEntry, Registry
 from ..plugins import get_registry
-from ..stacking_policies import schedule_period
+from ..stacking_policies import pattern, schedule_period
 from .errors import format_validation_error, spec_error
-from .schema import SCHEMA_VERSION, ModelSpec
+from .schema import DEFAULT_CORE, SCHEMA_VERSION, CoreSpec, ModelSpec, PlacementError, place_cores
 from .yaml_loader import Positions, load_yaml, load_yaml_file
 
 __all__ = ["SCHEMA_VERSION", "ModelSpec", "Spec", "load_spec", "load_yaml", "validate_spec"]
@@ -27,13 +27,36 @@ __all__ = ["SCHEMA_VERSION", "ModelSpec", "Spec", "load_spec", "load_yaml", "val
 
 @dataclass(frozen=True)
 class Spec:
-    """A fully validated spec: the envelope plus the resolved components."""
+    """A fully validated spec: the envelope plus the resolved components.
+
+    ``core``/``core_params`` are the default core (``model.core``); ``named`` holds every core by
+    the name ``model.pattern``/``model.positions`` use (the default as ``core``), and ``layout`` the
+    name at each depth position — all ``core`` unless the stack is hybrid."""
 
     envelope: ModelSpec
     core: CoreEntry
     core_params: BaseModel
     policy: Any
     positions: Positions
+    named: Mapping[str, tuple[CoreEntry, BaseModel]] = field(default_factory=dict)
+    layout: tuple[str, ...] = ()
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether depth positions run cores of more than one name."""
+        return len(set(self.layout)) > 1
+
+    def core_at(self, name: str) -> tuple[CoreEntry, BaseModel]:
+        """The registered core and validated params behind a placement name (``core``: the default)."""
+        return self.named.get(name) or (self.core, self.core_params)
+
+    def block_cores(self) -> list[str]:
+        """The core name of each unique block of the schedule (validation checked they agree)."""
+        schedule = self.policy.schedule(self.envelope.model.depth)
+        out: dict[int, str] = {}
+        for pos, block in enumerate(schedule):
+            out.setdefault(block, self.layout[pos] if self.layout else DEFAULT_CORE)
+        return [out[i] for i in range(len(out))]
 
     @property
     def filename(self) -> str:
@@ -45,6 +68,11 @@ class Spec:
         out["model"]["pool"] = self.envelope.pool
         params = self.core_params.model_dump(mode="json", exclude={"d_model"})
         out["model"]["core"] = {"kind": self.core.name, **params}
+        if "cores" in out["model"]:
+            out["model"]["cores"] = {
+                name: {"kind": entry.name, **p.model_dump(mode="json", exclude={"d_model"})}
+                for name, (entry, p) in self.named.items() if name != DEFAULT_CORE
+            }
         return copy.deepcopy(out)
 
 
@@ -64,13 +92,24 @@ def validate_spec(data: Any, positions: Positions, *, registry: Registry | None 
         env = ModelSpec.model_validate(data)
     except ValidationError as exc:
         raise format_validation_error(exc, positions, model=ModelSpec) from None
-    entry = _lookup(positions, ("model", "core", "kind"), lambda: registry.core(env.model.core.kind))
-    params = _core_params(env, entry, positions)
+    try:
+        layout = place_cores(env.model)
+    except PlacementError as exc:
+        raise spec_error(positions, exc.loc, str(exc)) from None
+    named: dict[str, tuple[CoreEntry, BaseModel]] = {}
+    for name, core in [(DEFAULT_CORE, env.model.core), *sorted((env.model.cores or {}).items())]:
+        loc = ("model", "core") if name == DEFAULT_CORE else ("model", "cores", name)
+        entry = _lookup(positions, loc + ("kind",), lambda core=core: registry.core(core.kind))
+        named[name] = (entry, _core_params(env, core, entry, positions, loc))
     policy = _policy(env, registry, positions)
+    _check_sharing(env, policy, layout, named, positions)
     _check_depth(env, policy, positions)
     _check_input(env, positions)
-    _check_backend(params, entry, registry, positions)
-    return Spec(env, entry, params, policy, positions)
+    for name, (entry, params) in named.items():
+        _check_backend(params, entry, registry, positions,
+                       ("model", "core") if name == DEFAULT_CORE else ("model", "cores", name))
+    entry, params = named[DEFAULT_CORE]
+    return Spec(env, entry, params, policy, positions, named, layout)
 
 
 def _lookup(positions: Positions, loc: tuple[Any, ...], fn: Any) -> Any:
@@ -82,21 +121,43 @@ def _lookup(positions: Positions, loc: tuple[Any, ...], fn: Any) -> Any:
         raise spec_error(positions, loc, str(exc)) from None
 
 
-def _core_params(env: ModelSpec, entry: CoreEntry, positions: Positions) -> BaseModel:
-    core = env.model.core
+def _core_params(env: ModelSpec, core: CoreSpec, entry: CoreEntry, positions: Positions,
+                 loc: tuple[str, ...] = ("model", "core")) -> BaseModel:
+    """Stage 2 for one core (the default at ``model.core`` or a named one under ``model.cores``)."""
     merged: dict[str, Any] = {}
     if core.preset is not None:
-        merged.update(_lookup(positions, ("model", "core", "preset"), lambda: entry.preset(core.preset)))
+        merged.update(_lookup(positions, loc + ("preset",), lambda: entry.preset(core.preset)))
     explicit = dict(core.model_extra or {})
     if "d_model" in explicit:
-        raise spec_error(positions, ("model", "core", "d_model"),
+        raise spec_error(positions, loc + ("d_model",),
                          "d_model is set once for the whole model: move it to model.d_model")
     merged.update(explicit)
     merged["d_model"] = env.model.d_model
     try:
         return entry.params.model_validate(merged)
     except ValidationError as exc:
-        raise format_validation_error(exc, positions, prefix=("model", "core"), model=entry.params) from None
+        raise format_validation_error(exc, positions, prefix=loc, model=entry.params) from None
+
+
+def _check_sharing(env: ModelSpec, policy: Any, layout: tuple[str, ...],
+                   named: Mapping[str, tuple[CoreEntry, BaseModel]], positions: Positions) -> None:
+    """Positions that share one block (the stacking schedule) must place the same core there:
+    a block holds one core, so ``[A B] [A B]`` shares with period 2 but not with period 1."""
+    schedule = policy.schedule(env.model.depth)
+    first: dict[int, int] = {}
+    for pos, block in enumerate(schedule):
+        at = first.setdefault(block, pos)
+        if layout[at] != layout[pos]:
+            a, b = layout[at], layout[pos]
+            st = env.model.stacking
+            how = f"policy {st.policy!r}" + (f", period {st.period}" if st.period is not None else "")
+            cycle = schedule_period(list(layout))
+            raise spec_error(positions, ("model", "stacking"),
+                             f"depth positions {at + 1} and {pos + 1} share block {pattern([block])} (stacking {how}: "
+                             f"{pattern(schedule)}) but run different cores: {a!r} ({named[a][0].name}) at {at + 1}, "
+                             f"{b!r} ({named[b][0].name}) at {pos + 1}. A block holds one core, so the blocks must "
+                             f"repeat with the core placement (it repeats every {cycle} position(s)): use a period "
+                             f"that is a multiple of {cycle}, or policy independent")
 
 
 def _policy(env: ModelSpec, registry: Registry, positions: Positions) -> Any:
@@ -178,10 +239,11 @@ def _check_input(env: ModelSpec, positions: Positions) -> None:
         raise spec_error(positions, ("model", "head", "kind"), "a tied head is the embedding matrix: use head kind linear")
 
 
-def _check_backend(params: BaseModel, entry: CoreEntry, registry: Registry, positions: Positions) -> None:
+def _check_backend(params: BaseModel, entry: CoreEntry, registry: Registry, positions: Positions,
+                   at: tuple[str, ...] = ("model", "core")) -> None:
     """Discretizer and backend names must exist and fit the core (this imports the core class)."""
     setting = getattr(params, "backend", "auto")
-    loc = ("model", "core", "backend")
+    loc = at + ("backend",)
     if isinstance(setting, dict):
         for op, name in setting.items():
             if op not in OPS:
@@ -190,10 +252,10 @@ def _check_backend(params: BaseModel, entry: CoreEntry, registry: Registry, posi
     cls = entry.load()
     disc = getattr(params, "discretizer", None)
     if isinstance(disc, str):
-        found = _lookup(positions, ("model", "core", "discretizer"), lambda: registry.discretizer(disc))
+        found = _lookup(positions, at + ("discretizer",), lambda: registry.discretizer(disc))
         structure = getattr(getattr(cls, "problem", None), "structure", None)
         if structure is not None and structure not in found.structures:
-            raise spec_error(positions, ("model", "core", "discretizer"),
+            raise spec_error(positions, at + ("discretizer",),
                              f"discretizer {disc!r} handles {sorted(found.structures)} systems, not {structure!r}")
     if not hasattr(cls, "paths"):
         return  # a core with a single fixed computation declares no backend paths

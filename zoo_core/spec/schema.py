@@ -5,10 +5,11 @@ Everything is ``extra="forbid"`` and strict (no '64' → 64, no true → 1), wit
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from ..errors import did_you_mean
 from .training import TrainingSpec
 
 SCHEMA_VERSION = 1
@@ -181,12 +182,29 @@ class CoreSpec(BaseModel):
     preset: str | None = None
 
 
+DEFAULT_CORE = "core"
+"""The name the default core (``model.core``) goes by in ``model.pattern`` and in messages."""
+
+CoreName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")]
+Position = Annotated[int, Field(gt=0, le=4096)]
+
+
 class ModelBody(_Strict):
     d_model: int = Field(gt=0, le=65536)
     depth: int = Field(gt=0, le=4096)
     stacking: StackingSpec = StackingSpec()
     block: BlockSpec = BlockSpec()
     core: CoreSpec
+    # hybrid stacks: more cores beside the default, placed per depth position by pattern or positions
+    cores: dict[CoreName, CoreSpec] | None = Field(
+        None, max_length=64, description="hybrid stacks: named cores beside the default model.core, placed by "
+        "model.pattern or model.positions (the default core is called 'core' there)")
+    pattern: list[CoreName] | None = Field(
+        None, min_length=1, max_length=4096, description="hybrid stacks: core names repeated over the depth, e.g. "
+        "[core, core, attn] (its length must divide model.depth)")
+    positions: dict[CoreName, list[Position]] | None = Field(
+        None, max_length=64, description="hybrid stacks: named core -> the depth positions (counted from 1) it runs "
+        "at; the default core runs everywhere else")
     encoder: EncoderSpec = EncoderSpec()
     head: HeadSpec = HeadSpec()
     pool: Literal["mean", "last", "mean_logits", "none"] | None = Field(
@@ -195,6 +213,93 @@ class ModelBody(_Strict):
     )
     final_norm: Literal["layer", "rms", "batch", "none"] = "none"
     tie_embeddings: bool = Field(False, description="lm only: the head reuses the embedding matrix")
+
+
+class PlacementError(ValueError):
+    """A hybrid placement that does not fit (``place_cores``): ``loc`` is the key path to point at."""
+
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
+def _names_list(names: list[str] | tuple[str, ...]) -> str:
+    return ", ".join(names)
+
+
+def _unknown(name: str, known: list[str], what: str) -> str:
+    hint = did_you_mean(name, known)  # ' did you mean 'attn'?' or ''
+    return f"unknown core name {name!r};{hint or ''} {what}: {_names_list(known) or 'none'}"
+
+
+def place_cores(body: ModelBody) -> tuple[str, ...]:
+    """The core name at each depth position (position 1 first): ``core`` everywhere for a plain
+    spec; for a hybrid one, ``model.pattern`` repeated over the depth or ``model.positions`` over
+    the default. Why a separate pass: the messages point at the exact key (``PlacementError.loc``),
+    which a pydantic validator on the whole body cannot."""
+    named = dict(body.cores or {})
+    if DEFAULT_CORE in named:
+        raise PlacementError(("model", "cores", DEFAULT_CORE), f"{DEFAULT_CORE!r} is the name of the default core "
+                             "(model.core) in model.pattern; give this core another name")
+    if body.pattern is not None and body.positions is not None:
+        raise PlacementError(("model", "positions"), "set one of model.pattern (core names repeated over the depth) or "
+                             "model.positions (named core -> depth positions), not both")
+    if named and body.pattern is None and body.positions is None:
+        raise PlacementError(("model", "cores"), "model.cores names cores that no depth position runs: place them "
+                             "with model.pattern (e.g. [core, core, attn]) or model.positions (e.g. {attn: [3, 7]})")
+    if body.pattern is not None:
+        layout = _from_pattern(body.pattern, sorted([DEFAULT_CORE, *named]), body.depth)
+    elif body.positions is not None:
+        layout = _from_positions(body.positions, sorted(named), body.depth)
+    else:
+        return (DEFAULT_CORE,) * body.depth
+    for name in named:
+        if name not in layout:
+            where = "model.pattern" if body.pattern is not None else "model.positions"
+            raise PlacementError(("model", "cores", name), f"core {name!r} runs at no depth position: name it in "
+                                 f"{where} or remove it")
+    if DEFAULT_CORE not in layout:
+        raise PlacementError(("model", "core"), f"the default core (model.core, kind {body.core.kind!r}) runs at no "
+                             f"depth position: name {DEFAULT_CORE!r} in the placement, or move one of the named cores "
+                             "to model.core")
+    return layout
+
+
+def _from_pattern(pattern: list[str], known: list[str], depth: int) -> tuple[str, ...]:
+    for i, name in enumerate(pattern):
+        if name not in known:
+            raise PlacementError(("model", "pattern", i), _unknown(name, known, "known names (model.core is "
+                                 f"{DEFAULT_CORE!r}, model.cores the others)"))
+    n = len(pattern)
+    if depth % n:
+        fits = [k * n for k in range(max(1, depth // n), depth // n + 2) if k * n != depth]
+        raise PlacementError(("model", "pattern"), f"the pattern [{_names_list(pattern)}] has {n} entries, which does "
+                             f"not fit depth {depth}: it repeats over the depth, so the depth must be a multiple of "
+                             f"{n} (e.g. {' or '.join(map(str, fits))}), or use a pattern whose length divides {depth}")
+    return tuple(pattern) * (depth // n)
+
+
+def _from_positions(positions: dict[str, list[int]], known: list[str], depth: int) -> tuple[str, ...]:
+    layout = [DEFAULT_CORE] * depth
+    for name, where in positions.items():
+        if name == DEFAULT_CORE:
+            raise PlacementError(("model", "positions", name), f"the default core runs at every position not listed; "
+                                 f"list only named cores (model.cores: {_names_list(known) or 'none'}) here")
+        if name not in known:
+            raise PlacementError(("model", "positions", name), _unknown(name, known, "model.cores names"))
+        if not where:
+            raise PlacementError(("model", "positions", name), f"core {name!r} has no positions: list at least one "
+                                 f"(1 to {depth}) or remove it")
+        for j, pos in enumerate(where):
+            if pos > depth:
+                raise PlacementError(("model", "positions", name, j), f"position {pos} is past depth {depth}: "
+                                     f"positions count from 1 to {depth}")
+            if layout[pos - 1] != DEFAULT_CORE:
+                other = layout[pos - 1]
+                raise PlacementError(("model", "positions", name, j), f"position {pos} is given to both {other!r} "
+                                     f"and {name!r}; a position runs one core")
+            layout[pos - 1] = name
+    return tuple(layout)
 
 
 class ModelSpec(_Strict):

@@ -59,10 +59,12 @@ def check_model_fits(spec: Spec, cfg: TrainingSpec, dataset: Dataset) -> None:
     """What padded batches need from the model: causal cores (masking the pool is then exact)."""
     if not dataset.info.unequal_length:
         return
-    if "causal" not in spec.core.capabilities:  # the registered capabilities: no model needs building
-        raise SpecError(f"{dataset.info.name!r} has sequences of unequal length, padded at the end, but core "
-                        f"{spec.core.name!r} is not causal: the padding would reach the valid steps. Use a causal "
-                        "core or an equal-length dataset")
+    entries = [entry for entry, _ in spec.named.values()] or [spec.core]  # every core of a hybrid stack
+    for entry in entries:
+        if "causal" not in entry.capabilities:  # the registered capabilities: no model needs building
+            raise SpecError(f"{dataset.info.name!r} has sequences of unequal length, padded at the end, but core "
+                            f"{entry.name!r} is not causal: the padding would reach the valid steps. Use a causal "
+                            "core or an equal-length dataset")
     norms = spec.envelope.model.block.norm
     if norms in ("batch", "ema_batch"):
         log.warning("%s has sequences of unequal length: in training, block.norm %s takes its batch statistics over "
