@@ -185,9 +185,12 @@ def op_backends(core: str, op: str) -> list[tuple[str, Any]]:
 
 
 def constructor_kwargs(core: str, s: Sizes, backend: Any) -> dict[str, Any]:
-    """What to build one core with: d_model, d_state, backend, and l_max when the params model has it."""
+    """What to build one core with: d_model, backend, and d_state and l_max when the params model has them
+    (a core without a d_state, e.g. Gated DeltaNet's per-head K × V state, keeps its own defaults)."""
     fields = getattr(registry().core(core).params, "model_fields", {})
-    kw: dict[str, Any] = {"d_model": s["H"], "d_state": s["N"], "backend": backend}
+    kw: dict[str, Any] = {"d_model": s["H"], "backend": backend}
+    if "d_state" in fields or not fields:
+        kw["d_state"] = s["N"]
     if "l_max" in fields:
         kw["l_max"] = s["L"]
     return kw
