@@ -47,13 +47,13 @@ def _unique_tensors(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, str]
 
 
 def versions(model: nn.Module) -> dict[str, str]:
-    """zoo-core, torch and the plugin that provides the model's core."""
+    """zoo-core, torch and the plugins that provide the model's cores (a hybrid stack has several)."""
     found = {"zoo-core": __version__, "torch": torch.__version__.split("+")[0]}
-    kind = getattr(model, "spec", {}).get("model", {}).get("core", {}).get("kind")
     reg = get_registry()
-    if kind in reg.cores:
-        prov = reg.cores[kind].provider
-        found[prov.dist] = prov.version
+    for kind in _core_kinds(getattr(model, "spec", {})):
+        if kind in reg.cores:
+            prov = reg.cores[kind].provider
+            found[prov.dist] = prov.version
     return found
 
 
@@ -260,10 +260,13 @@ def read_folder(directory: str | os.PathLike[str], *, allow_nonfinite: bool = Fa
     return tensors, info
 
 
-def _core_kind(spec: Mapping[str, Any]) -> str | None:
-    core = (spec.get("model") or {}).get("core") if isinstance(spec.get("model"), dict) else None
-    kind = core.get("kind") if isinstance(core, dict) else None
-    return kind if isinstance(kind, str) else None
+def _core_kinds(spec: Mapping[str, Any]) -> list[str]:
+    """The kinds of model.core and of a hybrid stack's model.cores, in that order, each once."""
+    model = spec.get("model") if isinstance(spec.get("model"), dict) else {}
+    named = model.get("cores") if isinstance(model.get("cores"), dict) else {}
+    cores = [model.get("core"), *named.values()]
+    kinds = [c.get("kind") for c in cores if isinstance(c, dict)]
+    return list(dict.fromkeys(k for k in kinds if isinstance(k, str)))
 
 
 def check_provider(info: Mapping[str, Any], registry: Any, *, source: str, trust_provider: bool = False) -> None:
@@ -273,8 +276,12 @@ def check_provider(info: Mapping[str, Any], registry: Any, *, source: str, trust
     run its own code on these weights. A different version of the same distribution is fine
     (logged). ``trust_provider`` (or ``ZOO_TRUST_PROVIDER=1``) accepts another distribution.
     """
-    kind = _core_kind(info["spec"])
-    if kind is None or kind not in registry.cores:
+    for kind in _core_kinds(info["spec"]):  # every core of a hybrid stack
+        _check_provider(kind, info, registry, source=source, trust_provider=trust_provider)
+
+
+def _check_provider(kind: str, info: Mapping[str, Any], registry: Any, *, source: str, trust_provider: bool) -> None:
+    if kind not in registry.cores:
         return  # load_spec reports an unknown or missing core with its own message
     now = registry.cores[kind].provider
     recorded = {d: v for d, v in info["versions"].items() if d not in ("zoo-core", "torch")}
