@@ -1,0 +1,145 @@
+"""The Mamba-2 core beyond the conformance suite: bad parameters named by the params model, Δ
+rescaling (continuous time), the un-normed gate, chunked streaming across chunk boundaries, and
+the zoo's workflows (one epoch of `zoo train` on JapaneseVowels, `zoo eval --adaptive`,
+`zoo stream`, save/load, `zoo build` of the example specs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from zoo_core.build import build_model
+from zoo_core.cli.train import main
+from zoo_core.cli.zoo import main as zoo_main
+from zoo_core.errors import CoreArgumentError
+from zoo_core.factory import load_pretrained
+from zoo_core.io.pretrained import save_pretrained
+from zoo_core.nn.model import rescale_sampling_rate
+from zoo_mamba2.core import Mamba2
+
+F64 = torch.float64
+SPECS = Path(__file__).resolve().parents[1] / "specs"
+
+
+# bad input -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw,rule", [
+    ({"n_heads": 3, "head_dim": 4}, r"n_heads · head_dim = 3 · 4 = 12 must equal expand · d_model = 2 · 8 = 16"),
+    ({"head_dim": 5}, r"head_dim = 5 must divide expand · d_model = 2 · 8 = 16"),
+    ({"n_heads": 4, "n_groups": 3}, r"n_groups = 3 must divide the number of heads 4"),
+    ({"chunk_size": 0}, r"chunk_size = 0: Input should be greater than 0"),
+    ({"chunk_size": -4}, r"chunk_size = -4: Input should be greater than 0"),
+    ({"dt_limit_min": 0.2, "dt_limit_max": 0.1}, r"dt_limit_min \(0.2\) must not exceed dt_limit_max"),
+])
+def test_bad_parameters_name_the_field_and_the_rule(kw, rule):
+    with pytest.raises(CoreArgumentError, match=rf"^Mamba2: invalid constructor argument.*{rule}"):
+        Mamba2(d_model=8, **kw)
+
+
+def test_bad_parameters_in_a_spec_are_refused_too():
+    from zoo_core.errors import SpecError
+
+    spec = {"schema_version": 1, "task": {"kind": "sequence", "outputs": 2}, "input": {"channels": 3},
+            "model": {"d_model": 8, "depth": 1, "core": {"kind": "mamba2", "n_heads": 3, "head_dim": 4}}}
+    with pytest.raises(SpecError, match="n_heads · head_dim"):
+        build_model(spec)
+
+
+def test_heads_default_to_gcd_with_64():
+    assert (Mamba2(d_model=768).n_heads, Mamba2(d_model=768).head_dim) == (24, 64)
+    assert (Mamba2(d_model=5).n_heads, Mamba2(d_model=5).head_dim) == (5, 2)
+
+
+# continuous time -----------------------------------------------------------------------------------
+def test_rescaling_dt_is_the_same_mixer_with_every_step_doubled():
+    torch.manual_seed(0)
+    a = Mamba2(d_model=6, d_state=3, n_heads=2, chunk_size=4, dtype=F64)
+    b = Mamba2(d_model=6, d_state=3, n_heads=2, chunk_size=4, dt_scale=2.0, dtype=F64)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 11, 6, dtype=F64)
+    before = a(x)
+    a.rescale_dt(2.0)
+    torch.testing.assert_close(a(x), b(x))
+    assert not torch.allclose(a(x), before)
+    xs, dt, *_ = a._ssm_inputs(torch.zeros(1, a.conv_dim, dtype=F64), torch.zeros(1, 2, dtype=F64))
+    xs, dt1, *_ = b._ssm_inputs(torch.zeros(1, a.conv_dim, dtype=F64), torch.zeros(1, 2, dtype=F64))
+    torch.testing.assert_close(dt, dt1)
+
+
+def test_rescale_sampling_rate_on_a_model_updates_the_spec():
+    model = build_model({k: v for k, v in _spec().items() if k != "training"}, seed=0)
+    rescale_sampling_rate(model, 2.0)
+    assert model.spec["model"]["core"]["dt_scale"] == 2.0 and model.cores()[0].dt_scale == 2.0
+
+
+# the un-normed gate, streaming ----------------------------------------------------------------------
+def test_without_rmsnorm_chunked_equals_sequential_and_steps():
+    torch.manual_seed(1)
+    fast = Mamba2(d_model=5, d_state=4, n_heads=5, n_groups=5, rmsnorm=False, chunk_size=3, dtype=F64)
+    slow = Mamba2(d_model=5, d_state=4, n_heads=5, n_groups=5, rmsnorm=False, chunk_size=3, backend="sequential",
+                  dtype=F64)
+    slow.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 10, 5, dtype=F64)
+    torch.testing.assert_close(fast(x), slow(x))
+    state, ys = fast.init_state(2), []
+    for t in range(10):
+        y, state = fast.step(x[:, t], state)
+        ys.append(y)
+    torch.testing.assert_close(torch.stack(ys, 1), fast(x))
+
+
+def test_chunked_streaming_in_pieces_that_straddle_chunks_equals_the_whole():
+    torch.manual_seed(2)
+    core = Mamba2(d_model=6, d_state=3, n_heads=3, n_groups=3, chunk_size=4, dtype=F64)
+    x = torch.randn(2, 19, 6, dtype=F64)
+    whole, last = core.forward_with_state(x)
+    state, outs = None, []
+    for piece in (x[:, :5], x[:, 5:6], x[:, 6:15], x[:, 15:]):
+        y, state = core.forward_with_state(piece, state)
+        outs.append(y)
+    torch.testing.assert_close(torch.cat(outs, 1), whole)
+    for key in ("conv", "ssm"):
+        torch.testing.assert_close(state[key], last[key])
+
+
+# the zoo's workflows --------------------------------------------------------------------------------
+def _spec(epochs: int = 1) -> dict:
+    return {"schema_version": 1, "name": "mamba2-jv-smoke",
+            "task": {"kind": "classification", "classes": 9}, "input": {"channels": 12},
+            "model": {"d_model": 8, "depth": 2, "stacking": {"policy": "periodic", "period": 1, "damping": 0.5},
+                      "block": {"norm": "rms", "prenorm": True, "activation": "identity", "output": "none",
+                                "residual": True, "dropout": 0.0},
+                      "core": {"kind": "mamba2", "d_state": 4, "n_heads": 4, "chunk_size": 8}},
+            "training": {"dataset": "JapaneseVowels", "protocol": "seed-split", "epochs": epochs, "batch_size": 64,
+                         "lr": 3e-3}}
+
+
+def test_train_eval_and_stream_on_japanese_vowels(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_spec()))
+    out = tmp_path / "run"
+    assert main(["train", str(spec), "-o", str(out), "--plain"]) == 0
+    assert "JapaneseVowels: test accuracy" in capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text())
+    model_dir = metrics["seeds"][0]["model_dir"]
+    assert main(["eval", model_dir, "--adaptive", "--max-depth", "3", "--epsilon", "0.05"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["fixed_depth"]["accuracy"] == metrics["seeds"][0]["test"]["accuracy"]
+    assert zoo_main(["stream", str(spec), "--dataset", "japanesevowels", "--index", "3"]) == 0
+    assert capsys.readouterr().out.strip()
+
+
+def test_save_load_round_trip(tmp_path):
+    model = build_model({k: v for k, v in _spec().items() if k != "training"}, seed=0)
+    x = torch.randn(2, 13, 12)
+    save_pretrained(model, tmp_path / "m")
+    torch.testing.assert_close(load_pretrained(tmp_path / "m")(x), model(x))
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in SPECS.glob("*.yaml") if "130m" not in p.name))
+def test_the_example_specs_build(name):
+    """(mamba2-130m.yaml builds too, in seconds: `zoo build` it by hand; kept out of the fast suite.)"""
+    assert zoo_main(["build", str(SPECS / name)]) == 0
