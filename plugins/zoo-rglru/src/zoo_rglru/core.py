@@ -1,0 +1,211 @@
+"""The Hawk recurrent block around the RG-LRU (De et al. 2024), as transformers'
+``RecurrentGemmaRecurrentBlock`` computes it.
+
+Letters: B batch, L length, H model width (d_model), W recurrence width (lru_width), Hh heads,
+Wh = W / Hh channels per head, K conv width.
+
+    y_br  = GeLU(linear_y(u))                                   (B, L, W)
+    x     = causal depthwise conv1d_K(linear_x(u))             (B, L, W), K−1 past inputs carried
+    r_t   = σ(x_t W_a + b_a),  i_t = σ(x_t W_x + b_x)           block-diagonal W_a, W_x: (Hh, Wh, Wh)
+    log a_t = −c · softplus(−Λ) · r_t = c · r_t · log σ(Λ)      (log space: a_t ∈ (0, 1] always)
+    h_t   = a_t ⊙ h_{t−1} + sqrt(1 − a_t²) ⊙ (i_t ⊙ x_t)       sqrt(1 − a²) = sqrt(−expm1(2 log a))
+    out   = linear_out(h ⊙ y_br)                                (B, L, H)
+
+Document start (the reference's reset at position 0): the first token of a document has a_0 = 0
+and multiplier 1, h_0 = i_0 ⊙ x_0. The state carries ``start`` (B,): 1 where the next token begins
+a document (``init_state`` and ``state=None``), 0 once a token has been seen, so splitting a
+sequence and carrying the state equals one forward. Padding in the zoo is at the end of a
+sequence and a causal core never sees it at valid positions, so ``lengths`` needs no reset.
+
+State: ``conv`` (B, W, K−1) the last K−1 inputs of the convolution, ``h`` (B, W) in float32
+(float64 for a float64 core), ``start`` (B,).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from zoo_core.corebase import CoreBase, runs_path
+from zoo_core.plugin_registry import Problem
+from zoo_core.protocols import State, require_float
+
+from .params import RGLRUParams
+
+F64 = torch.float64
+MAX_SQRT_GRADIENT = 1000.0  # the reference's bound on d sqrt(x)/dx (NaN-free training near a = 1)
+
+
+class _BoundedSqrt(torch.autograd.Function):
+    """sqrt(x) whose derivative 1/(2 sqrt x) is capped at ``MAX_SQRT_GRADIENT``: at a_t → 1 the
+    multiplier sqrt(1 − a_t²) has an unbounded derivative (the reference caps it the same way)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        ctx.save_for_backward(x)
+        return torch.sqrt(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        (x,) = ctx.saved_tensors
+        return grad / torch.sqrt(torch.clamp(4.0 * x, min=1.0 / MAX_SQRT_GRADIENT**2))
+
+
+def bounded_sqrt(x: Tensor) -> Tensor:
+    out: Tensor = _BoundedSqrt.apply(x)
+    return out
+
+
+def lambda_init(width: int, c: float, a_min: float, a_max: float, how: str) -> Tensor:
+    """Λ (W,) float64. 'paper': σ(Λ)^c ~ U[a_min, a_max]; 'recurrentgemma': σ(Λ)² ~ U[a_min², a_max²]."""
+    u = torch.rand(width, dtype=F64)  # (W,)
+    if how == "paper":
+        log_a = torch.log(a_min + u * (a_max - a_min)) / c  # (W,) log σ(Λ)
+    else:
+        log_a = 0.5 * torch.log(a_min**2 + u * (a_max**2 - a_min**2))  # (W,)
+    return log_a - torch.log(-torch.expm1(log_a))  # logit(a) = log a − log(1 − a)
+
+
+class RGLRU(CoreBase, params=RGLRUParams):
+    # "sequential": step() unrolled, the reference. "recurrent": gates for all steps at once, then
+    # the registered diagonal scan on (a_t, b_t); "auto" picks it.
+    paths = {"recurrent": ("scan",), "sequential": ()}
+    reference = {}
+    problem = Problem(structure="diag", lti=False, complex=False)
+
+    def __init__(
+        self,
+        d_model: int,
+        lru_width: int | None = None,
+        num_heads: int = 1,
+        conv_width: int = 4,
+        c: float = 8.0,
+        a_min: float = 0.9,
+        a_max: float = 0.999,
+        a_init: str = "paper",
+        gelu_approximate: str = "tanh",
+        backend: str | Mapping[str, str] = "auto",
+        *,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        W = lru_width if lru_width is not None else d_model
+        Hh, K = num_heads, conv_width
+        self.d_model, self.lru_width, self.num_heads, self.conv_width = d_model, W, Hh, K
+        self.c, self.gelu_approximate = float(c), gelu_approximate
+        kw = {"device": device, "dtype": dtype or torch.get_default_dtype()}
+        self.linear_y = nn.Linear(d_model, W, **kw)
+        self.linear_x = nn.Linear(d_model, W, **kw)
+        self.linear_out = nn.Linear(W, d_model, **kw)
+        self.conv_1d = nn.Conv1d(W, W, K, groups=W, **kw)  # weight (W, 1, K), bias (W,)
+        self.input_gate_weight = nn.Parameter(torch.empty(Hh, W // Hh, W // Hh, **kw))  # (Hh, Wh, Wh), in × out
+        self.input_gate_bias = nn.Parameter(torch.empty(Hh, W // Hh, **kw))  # (Hh, Wh)
+        self.recurrent_gate_weight = nn.Parameter(torch.empty(Hh, W // Hh, W // Hh, **kw))
+        self.recurrent_gate_bias = nn.Parameter(torch.empty(Hh, W // Hh, **kw))
+        self.Lambda = nn.Parameter(torch.empty(W, **kw))  # (W,) σ(Λ) = a, the decay at r_t = 1/c
+        self._init_weights(a_min, a_max, a_init)
+
+    def _init_weights(self, a_min: float, a_max: float, a_init: str) -> None:
+        """Variance-preserving normals, zero biases, Λ from the decay range. Drawn in float64 and
+        cast, so float32 and float64 builds with one seed agree."""
+        fan_in = {"linear_y": self.d_model, "linear_x": self.d_model, "linear_out": self.lru_width,
+                  "conv_1d": self.conv_width, "input_gate": self.lru_width // self.num_heads,
+                  "recurrent_gate": self.lru_width // self.num_heads}
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name == "Lambda":
+                    p.copy_(lambda_init(self.lru_width, self.c, a_min, a_max, a_init))
+                elif "bias" in name:
+                    p.zero_()
+                else:
+                    std = 1.0 / math.sqrt(fan_in[name.removesuffix(".weight").removesuffix("_weight")])
+                    p.copy_(torch.randn(p.shape, dtype=F64) * std)
+
+    # the RG-LRU ------------------------------------------------------------------------------
+    def _block_diag(self, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        """x (..., W) through one (Wh × Wh) matrix per head: (..., W)."""
+        xh = x.unflatten(-1, (self.num_heads, -1))[..., None, :]  # (..., Hh, 1, Wh)
+        return ((xh @ weight)[..., 0, :] + bias).flatten(-2)  # (..., W); matmul: einsum's overhead is 5× at one step
+
+    def transition(self, x: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
+        """The recurrence's a_t and b_t for conv outputs x (B, L, W); ``start`` (B,) resets step 0.
+
+        Returns:
+            a: (B, L, W) decays in (0, 1]; b: (B, L, W) = multiplier ⊙ i_t ⊙ x_t.
+        """
+        r = torch.sigmoid(self._block_diag(x, self.recurrent_gate_weight, self.recurrent_gate_bias))  # (B, L, W)
+        i = torch.sigmoid(self._block_diag(x, self.input_gate_weight, self.input_gate_bias))  # (B, L, W)
+        log_a = -self.c * r * F.softplus(-self.Lambda)  # (B, L, W) ≤ 0 (F.logsigmoid: 100× slower on CPU)
+        mult = bounded_sqrt(-torch.expm1(2 * log_a))  # (B, L, W) sqrt(1 − a²), no cancellation near a = 1
+        s0 = start.to(x.dtype)[:, None, None]  # (B, 1, 1)
+        reset = torch.cat([s0, s0.new_zeros(x.shape[0], x.shape[1] - 1, 1)], 1)  # (B, L, 1): start at t = 0
+        a = torch.exp(log_a) * (1 - reset)  # (B, L, W)
+        b = (reset + (1 - reset) * mult) * (i * x)  # (B, L, W)
+        return a, b
+
+    # pieces of the block -----------------------------------------------------------------------
+    def _y_branch(self, u: Tensor) -> Tensor:
+        return F.gelu(self.linear_y(u), approximate=self.gelu_approximate)  # (..., W)
+
+    def _conv(self, x: Tensor, past: Tensor) -> tuple[Tensor, Tensor]:
+        """Causal depthwise conv of x (B, L, W) after ``past`` (B, W, K−1): (B, L, W), the new past."""
+        seq = torch.cat([past.to(x.dtype), x.transpose(1, 2)], -1)  # (B, W, K−1+L)
+        out = F.conv1d(seq, self.conv_1d.weight, self.conv_1d.bias, groups=self.lru_width)  # (B, W, L)
+        return out.transpose(1, 2), seq[..., x.shape[1]:].contiguous()  # a copy: no view pins seq
+
+    # sequence ----------------------------------------------------------------------------------
+    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        """u (B, L, H) -> out (B, L, H) and the state after the last step."""
+        require_float(x, "RGLRU")
+        if state is None:
+            state = self.init_state(x.shape[0], device=x.device, dtype=x.dtype)
+        y: Tensor
+        new: State
+        y, new = self.run_path(x, state)
+        return y, new
+
+    @runs_path("recurrent")
+    def _recurrent(self, u: Tensor, state: State) -> tuple[Tensor, State]:
+        xc, past = self._conv(self.linear_x(u), state["conv"])  # (B, L, W)
+        a, b = self.transition(xc, state["start"])  # (B, L, W) each
+        h, h_last = self.ops.scan(a, b, state["h"])  # (B, L, W), (B, W)
+        out = self.linear_out(h.to(u.dtype) * self._y_branch(u))  # (B, L, H)
+        return out, {"conv": past, "h": h_last, "start": torch.zeros_like(state["start"])}
+
+    @runs_path("sequential")
+    def _sequential(self, u: Tensor, state: State) -> tuple[Tensor, State]:
+        ys = []
+        for u_t in u.unbind(1):  # unbind: one backward node, not L slices
+            y_t, state = self.step(u_t, state)
+            ys.append(y_t)
+        return torch.stack(ys, 1), state
+
+    # streaming ---------------------------------------------------------------------------------
+    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
+        """u_t (B, H) -> out_t (B, H); a constant-size state."""
+        require_float(x_t, "RGLRU")
+        window = torch.cat([state["conv"].to(x_t.dtype), self.linear_x(x_t)[..., None]], -1)  # (B, W, K)
+        xc = (window * self.conv_1d.weight[:, 0]).sum(-1) + self.conv_1d.bias  # (B, W)
+        a, b = self.transition(xc[:, None], state["start"])  # (B, 1, W) each
+        h = a[:, 0] * state["h"] + b[:, 0]  # (B, W)
+        out = self.linear_out(h.to(x_t.dtype) * self._y_branch(x_t))  # (B, H)
+        return out, {"conv": window[..., 1:].contiguous(), "h": h, "start": torch.zeros_like(state["start"])}
+
+    def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
+        w = self.Lambda
+        dtype, device = dtype or w.dtype, device or w.device
+        return {
+            "conv": torch.zeros(batch_size, self.lru_width, self.conv_width - 1, device=device, dtype=dtype),
+            "h": torch.zeros(batch_size, self.lru_width, device=device, dtype=torch.promote_types(dtype, torch.float32)),
+            "start": torch.ones(batch_size, device=device, dtype=dtype),
+        }
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, lru_width={self.lru_width}, num_heads={self.num_heads}, "
+                f"conv_width={self.conv_width}, c={self.c}, backend={self.backend_choice.label()}")
