@@ -39,7 +39,9 @@ def stream_demo(spec_path: str, *, dataset: str = "basicmotions", index: int = 0
     print(f"max |difference| : {diff:.3e}  (relative {diff / max(scale, 1e-30):.3e})")
     tensors = state.flatten()
     state_numel = sum(v.numel() for v in tensors.values())
-    print(f"streaming state  : {len(tensors)} tensors, {state_numel} numbers, independent of sequence length")
+    grows = sorted({type(c).__name__ for c in model.cores() if (hp := getattr(c, "hparams", None)) is not None and hp.grows_state()})
+    size = f"grows with sequence length ({', '.join(grows)}: a KV cache)" if grows else "independent of sequence length"
+    print(f"streaming state  : {len(tensors)} tensors, {state_numel} numbers, {size}")
     ok = diff <= 1e-4 * max(scale, 1.0)
     print("agreement        : " + ("OK" if ok else "MISMATCH"))
     return 0 if ok else 1
