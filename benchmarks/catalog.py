@@ -42,9 +42,12 @@ LAYER_SIZES: dict[str, dict[str, Any]] = {
               "peer": "scan=selective-chunked", "check_sizes": {"N": 16}},
     "lrcssm": {"lengths": (256, 1024, 4096), "sizes": {"H": 64, "N": 64}, "batches": (4, 32), "threads": 1,
                "report": "REPORT_LRCSSM.md", "peer": "sequential"},
+    # Mamba-3 (SISO): the chunked scan against the sequential reference (the peer column); 2 heads of 64
+    "mamba3": {"lengths": (1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}, "peer": "scan=mamba3-sequential"},
 }
 LAYER_PEERS: dict[str, Callable[[], list[Impl]]] = {
     "s4d": peers.s4d_straightforward, "s5": peers.s5_peers, "mamba": peers.mamba_peers, "lrcssm": peers.lrcssm_peers,
+    "mamba3": peers.mamba3_peers,
 }
 
 

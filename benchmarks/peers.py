@@ -422,6 +422,24 @@ def lrcssm_peers() -> list[Impl]:
     return [lrcssm_variant("deer one window", {"scan": "scan"}, None)]
 
 
+# ---------------------------------------------------------------------------------------
+# Mamba-3 (SISO): no peer package runs it on CPU; the zoo's Mamba-2 at the same sizes, for scale
+# ---------------------------------------------------------------------------------------
+def mamba3_peers() -> list[Impl]:
+    """The zoo's Mamba-2 layer (chunked SSD) with Mamba-3's head layout (d_state N, expand 2,
+    headdim gcd(2H, 64)): what the trapezoid and the rotary cost over plain SSD. Other parameters
+    and semantics, so compared on time only; the chunked-vs-sequential comparison is the family's
+    own rows (the reference is the sequential recurrence)."""
+    def mamba2(s: Sizes, mode: str) -> Built:
+        torch.manual_seed(0)
+        layer = registry().core("mamba2").instantiate(d_model=s["H"], d_state=s["N"], expand=2, backend="auto")
+        return layer_built(layer, s, mode)
+
+    if "mamba2" not in registry().cores:
+        return []
+    return [Impl("zoo mamba2 (chunked SSD)", mamba2, agrees=False, origin="peer")]
+
+
 def lrcssm_tune() -> list[Impl]:
     """Window sizes and the scan inside Newton, beside the sequential loop (how the defaults were chosen)."""
     out = [lrcssm_variant("sequential", "naive", 2**18)]
