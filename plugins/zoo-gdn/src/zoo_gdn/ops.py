@@ -81,7 +81,9 @@ def gated_delta_chunked(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
     decay = torch.exp((gam[..., :, None] - gam[..., None, :]).masked_fill(~incl, float("-inf")))  # (B, h, N, C, C) Γ
     A = (beta[..., :, None] * (k @ k.transpose(-1, -2)) * decay).masked_fill(~strict, 0.0)  # (B, h, N, C, C)
     rhs = torch.cat([(beta * gam.exp())[..., None] * k, beta[..., None] * v], -1)  # (B, h, N, C, K+V)
-    W, Ut = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True).split([K, V], -1)  # (I + A)⁻¹ rhs
+    # (I + A)⁻¹ rhs with one batch dimension: torch's CPU solve is several times slower on a 5-D batch
+    sol = torch.linalg.solve_triangular(A.reshape(-1, C, C), rhs.reshape(-1, C, K + V), upper=False, unitriangular=True)
+    W, Ut = sol.reshape(rhs.shape).split([K, V], -1)  # (B, h, N, C, K), (B, h, N, C, V)
     M = (q @ k.transpose(-1, -2)) * decay  # (B, h, N, C, C) causal, diagonal included
     kd = k * torch.exp(gam[..., -1:] - gam)[..., None]  # (B, h, N, C, K) e^{γ_C−γ_j} k_j
     last = torch.exp(gam[..., -1])[..., None, None]  # (B, h, N, 1, 1) e^{γ_C}
