@@ -42,6 +42,8 @@ LAYER_SIZES: dict[str, dict[str, Any]] = {
               "peer": "scan=selective-chunked", "check_sizes": {"N": 16}},
     "lrcssm": {"lengths": (256, 1024, 4096), "sizes": {"H": 64, "N": 64}, "batches": (4, 32), "threads": 1,
                "report": "REPORT_LRCSSM.md", "peer": "sequential"},
+    # attention: the explicit softmax (naive, the reference and peer column) against sdpa; 4 heads of 16, no window
+    "attention": {"lengths": (1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}, "peer": "attention=naive"},
     # Mamba-3 (SISO): the chunked scan against the sequential reference (the peer column); 2 heads of 64
     "mamba3": {"lengths": (1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}, "peer": "scan=mamba3-sequential"},
 }
