@@ -42,6 +42,8 @@ LAYER_SIZES: dict[str, dict[str, Any]] = {
               "peer": "scan=selective-chunked", "check_sizes": {"N": 16}},
     "lrcssm": {"lengths": (256, 1024, 4096), "sizes": {"H": 64, "N": 64}, "batches": (4, 32), "threads": 1,
                "report": "REPORT_LRCSSM.md", "peer": "sequential"},
+    # Mamba-2: 2 heads of 64 (head_dim gcd(2H, 64)), one group, chunk 256; the peer is transformers' torch path
+    "mamba2": {"lengths": (256, 1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}, "peer": "transformers"},
     # attention: the explicit softmax (naive, the reference and peer column) against sdpa; 4 heads of 16, no window
     "attention": {"lengths": (1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}, "peer": "attention=naive"},
     # Mamba-3 (SISO): the chunked scan against the sequential reference (the peer column); 2 heads of 64
@@ -49,6 +51,7 @@ LAYER_SIZES: dict[str, dict[str, Any]] = {
 }
 LAYER_PEERS: dict[str, Callable[[], list[Impl]]] = {
     "s4d": peers.s4d_straightforward, "s5": peers.s5_peers, "mamba": peers.mamba_peers, "lrcssm": peers.lrcssm_peers,
+    "mamba2": peers.mamba2_peers,
     "mamba3": peers.mamba3_peers,
 }
 

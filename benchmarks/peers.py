@@ -391,6 +391,31 @@ def _state_bytes(st: Any) -> int:
 
 
 # ---------------------------------------------------------------------------------------
+# Mamba-2: transformers' Mamba2Mixer torch path (its chunked SSD)
+# ---------------------------------------------------------------------------------------
+def mamba2_peers() -> list[Impl]:
+    """transformers' Mamba2Mixer on its torch path (the chunked SSD of ``torch_forward``; no
+    mamba_ssm kernels on CPU), loaded with the seed-0 zoo Mamba-2's weights (equal state-dict keys)."""
+    def zoo(s: Sizes) -> nn.Module:
+        torch.manual_seed(0)
+        return registry().core("mamba2").instantiate(d_model=s["H"], d_state=s["N"], backend="auto")
+
+    def hf(s: Sizes, mode: str) -> Built:
+        import transformers
+        from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
+
+        ours = zoo(s)
+        cfg = transformers.Mamba2Config(hidden_size=s["H"], state_size=s["N"], expand=2, conv_kernel=4,
+                                        num_heads=ours.n_heads, head_dim=ours.head_dim, n_groups=ours.n_groups,
+                                        chunk_size=ours.chunk_size, num_hidden_layers=1, layer_norm_epsilon=1e-5)
+        m = Mamba2Mixer(cfg, 0)
+        m.load_state_dict(ours.state_dict())
+        return layer_built(m, s, mode)
+
+    return [Impl("transformers", hf, origin="peer", requires=("transformers",))]
+
+
+# ---------------------------------------------------------------------------------------
 # LrcSSM: Newton's window variants
 # ---------------------------------------------------------------------------------------
 TUNE_WINDOWS: tuple[int | None, ...] = (None, 2**20, 2**19, 2**18, 2**17, 2**16)
