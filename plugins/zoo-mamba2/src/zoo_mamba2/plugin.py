@@ -5,6 +5,8 @@ Metadata only: model code is imported when a model is built (or a backend/conver
 
 from __future__ import annotations
 
+from typing import Any
+
 from zoo_core.hookspecs import RegisterBackend, RegisterCore, RegisterSimple, hookimpl
 from zoo_core.plugin_registry import Problem
 
@@ -21,7 +23,7 @@ quadratic form within chunks as matmuls, states passed across chunks; auto) and 
 (`sequential`: the recurrence, the reference). Parameter names equal transformers' Mamba2Mixer, so
 transformers and mamba_ssm Mamba-2 checkpoints convert by renaming (`zoo convert`)."""
 
-PRESETS = {
+PRESETS: dict[str, dict[str, Any]] = {
     # odd sizes for tests: 2 heads of head_dim d_model (5 in the suite: not a power of two), 2 groups,
     # a chunk that does not divide the suite's lengths
     "tiny": {"d_state": 3, "d_conv": 3, "expand": 2, "head_dim": None, "n_heads": 2, "n_groups": 2, "chunk_size": 4},
