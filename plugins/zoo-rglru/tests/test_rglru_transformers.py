@@ -26,7 +26,7 @@ def _reference(hidden: int = 24, width: int = 36, heads: int = 3, conv: int = 4,
     torch.manual_seed(seed)
     block = RecurrentGemmaRecurrentBlock(cfg, layer_idx=0).eval()
     with torch.no_grad():  # random weights, biases included, and the reference's decay init
-        for name, p in block.named_parameters():
+        for p in block.parameters():
             fan_in = p.shape[-1] if p.dim() > 1 else 10
             p.copy_(torch.randn_like(p) / math.sqrt(fan_in))
         u = torch.empty(width).uniform_(0.9**2, 0.999**2)

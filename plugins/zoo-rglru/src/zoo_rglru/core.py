@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils import skip_init
 
 from zoo_core.corebase import CoreBase, runs_path
 from zoo_core.plugin_registry import Problem
@@ -99,11 +100,12 @@ class RGLRU(CoreBase, params=RGLRUParams):
         Hh, K = num_heads, conv_width
         self.d_model, self.lru_width, self.num_heads, self.conv_width = d_model, W, Hh, K
         self.c, self.gelu_approximate = float(c), gelu_approximate
-        kw = {"device": device, "dtype": dtype or torch.get_default_dtype()}
-        self.linear_y = nn.Linear(d_model, W, **kw)
-        self.linear_x = nn.Linear(d_model, W, **kw)
-        self.linear_out = nn.Linear(W, d_model, **kw)
-        self.conv_1d = nn.Conv1d(W, W, K, groups=W, **kw)  # weight (W, 1, K), bias (W,)
+        kw = {"device": torch.empty(0, device=device).device, "dtype": dtype or torch.get_default_dtype()}
+        # skip_init: torch's own draws depend on the dtype; every value is drawn in _init_weights
+        self.linear_y = skip_init(nn.Linear, d_model, W, **kw)
+        self.linear_x = skip_init(nn.Linear, d_model, W, **kw)
+        self.linear_out = skip_init(nn.Linear, W, d_model, **kw)
+        self.conv_1d = skip_init(nn.Conv1d, W, W, K, groups=W, **kw)  # weight (W, 1, K), bias (W,)
         self.input_gate_weight = nn.Parameter(torch.empty(Hh, W // Hh, W // Hh, **kw))  # (Hh, Wh, Wh), in × out
         self.input_gate_bias = nn.Parameter(torch.empty(Hh, W // Hh, **kw))  # (Hh, Wh)
         self.recurrent_gate_weight = nn.Parameter(torch.empty(Hh, W // Hh, W // Hh, **kw))
@@ -150,6 +152,12 @@ class RGLRU(CoreBase, params=RGLRUParams):
         return a, b
 
     # pieces of the block -----------------------------------------------------------------------
+    @property
+    def conv_bias(self) -> Tensor:
+        bias = self.conv_1d.bias
+        assert bias is not None  # built with bias=True, as the reference
+        return bias
+
     def _y_branch(self, u: Tensor) -> Tensor:
         return F.gelu(self.linear_y(u), approximate=self.gelu_approximate)  # (..., W)
 
@@ -191,7 +199,7 @@ class RGLRU(CoreBase, params=RGLRUParams):
         """u_t (B, H) -> out_t (B, H); a constant-size state."""
         require_float(x_t, "RGLRU")
         window = torch.cat([state["conv"].to(x_t.dtype), self.linear_x(x_t)[..., None]], -1)  # (B, W, K)
-        xc = (window * self.conv_1d.weight[:, 0]).sum(-1) + self.conv_1d.bias  # (B, W)
+        xc = (window * self.conv_1d.weight[:, 0]).sum(-1) + self.conv_bias  # (B, W)
         a, b = self.transition(xc[:, None], state["start"])  # (B, 1, W) each
         h = a[:, 0] * state["h"] + b[:, 0]  # (B, W)
         out = self.linear_out(h.to(x_t.dtype) * self._y_branch(x_t))  # (B, H)
