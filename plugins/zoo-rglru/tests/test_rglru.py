@@ -78,7 +78,8 @@ def _grads(core: RGLRU, u: torch.Tensor, state: dict) -> dict[str, torch.Tensor]
     h0 = state["h"].clone().requires_grad_(True)
     y, final = core.forward_with_state(u, {**state, "h": h0})
     g = torch.Generator().manual_seed(9)
-    loss = (y * torch.randn(y.shape, generator=g, dtype=F64)).sum() + (final["h"] * torch.randn(final["h"].shape, generator=g, dtype=F64)).sum()
+    dy, dh = (torch.randn(t.shape, generator=g, dtype=F64) for t in (y, final["h"]))
+    loss = (y * dy).sum() + (final["h"] * dh).sum()
     names = [n for n, _ in core.named_parameters()]
     grads = torch.autograd.grad(loss, [u, h0, *core.parameters()])
     return {"y": y, "h": final["h"], "conv": final["conv"], "grad u": grads[0], "grad h0": grads[1],
