@@ -100,7 +100,7 @@ class RGLRU(CoreBase, params=RGLRUParams):
         Hh, K = num_heads, conv_width
         self.d_model, self.lru_width, self.num_heads, self.conv_width = d_model, W, Hh, K
         self.c, self.gelu_approximate = float(c), gelu_approximate
-        kw = {"device": torch.empty(0, device=device).device, "dtype": dtype or torch.get_default_dtype()}
+        kw: dict[str, Any] = {"device": torch.empty(0, device=device).device, "dtype": dtype or torch.get_default_dtype()}
         # skip_init: torch's own draws depend on the dtype; every value is drawn in _init_weights
         self.linear_y = skip_init(nn.Linear, d_model, W, **kw)
         self.linear_x = skip_init(nn.Linear, d_model, W, **kw)
