@@ -255,15 +255,6 @@ def test_example_specs_build_and_run(spec):
     assert y.shape[0] == 2 and bool(torch.isfinite(y).all())
 
 
-@pytest.mark.requires("aeon")
-def test_zoo_stream_on_the_windowed_spec(capsys):
-    from zoo_core.cli.zoo import main
-
-    assert main(["stream", str(SPECS / "attention-local-basicmotions.yaml"), "--index", "3"]) == 0
-    out = capsys.readouterr().out
-    assert "agreement        : OK" in out and "independent of sequence length" in out
-
-
 def test_a_model_streams_a_growing_cache_and_reports_it(tmp_path):
     """Whole-model step = forward without a window, and a windowed model's streaming state stays the same size."""
     spec = {"schema_version": 1, "task": {"kind": "sequence", "outputs": 2}, "input": {"channels": 3},
@@ -281,3 +272,56 @@ def test_a_model_streams_a_growing_cache_and_reports_it(tmp_path):
                 sizes.append(sum(v.numel() for v in state.flatten().values()))
             assert_close(f"model step window={window}", model(x), torch.stack(ys, 1), **TIGHT)
         assert (sizes[-1] > sizes[0]) is grows and all(c.hparams.grows_state() is grows for c in model.cores())
+
+
+# the zoo's workflows --------------------------------------------------------------------------------
+def _jv_spec() -> dict:
+    """Windowed attention shared ABAB across depth with damping, on JapaneseVowels (padded batches)."""
+    return {"schema_version": 1, "name": "attention-jv-smoke",
+            "task": {"kind": "classification", "classes": 9}, "input": {"channels": 12},
+            "model": {"d_model": 8, "depth": 4, "stacking": {"policy": "periodic", "period": 2, "damping": 0.5},
+                      "block": {"norm": "layer", "prenorm": True, "dropout": 0.0},
+                      "core": {"kind": "attention", "n_heads": 2, "n_kv_heads": 1, "window": 6}},
+            "training": {"dataset": "JapaneseVowels", "protocol": "seed-split", "epochs": 1, "batch_size": 64,
+                         "lr": 3e-3}}
+
+
+@pytest.mark.requires("aeon")
+def test_train_eval_adaptive_and_stream_on_japanese_vowels(tmp_path, capsys):
+    """zoo train (padded batches, shared depth with damping), zoo eval with adaptive depth, and zoo
+    stream of the windowed core: constant streaming state, step = parallel."""
+    import json
+
+    import yaml
+
+    from zoo_core.cli.train import main
+    from zoo_core.cli.zoo import main as zoo_main
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_jv_spec()))
+    out = tmp_path / "run"
+    assert main(["train", str(spec), "-o", str(out), "--plain"]) == 0
+    assert "JapaneseVowels: test accuracy" in capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert main(["eval", metrics["seeds"][0]["model_dir"], "--adaptive", "--max-depth", "4", "--epsilon", "0.05"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["fixed_depth"]["accuracy"] == metrics["seeds"][0]["test"]["accuracy"]
+    assert zoo_main(["stream", str(spec), "--dataset", "japanesevowels", "--index", "3"]) == 0
+    shown = capsys.readouterr().out
+    assert "agreement        : OK" in shown and "independent of sequence length" in shown  # the ring buffer
+
+
+def test_input_reshaping_streams_like_the_parallel_model():
+    """Reshaped input (c = 6: two raw steps of 3 channels per model step), windowed attention: each
+    streamed prefix gives the parallel prediction."""
+    spec = {"schema_version": 1, "task": {"kind": "classification", "classes": 3},
+            "input": {"channels": 3, "reshape": {"c": 6}},
+            "model": {"d_model": 8, "depth": 2,
+                      "core": {"kind": "attention", "n_heads": 2, "window": 3}}}
+    model = build_model(spec, seed=0, dtype=F64).eval()
+    x = torch.randn(2, 7, 3, dtype=F64)
+    with torch.no_grad():
+        state = model.init_state(2, dtype=F64)
+        for t in range(7):
+            y_t, state = model.step(x[:, t], state)
+            assert_close(f"prefix {t + 1}", model(x[:, :t + 1]), y_t, rtol=1e-9, atol=1e-11)
