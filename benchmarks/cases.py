@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
 Sizes = dict[str, int]  # L, B, H, N and any family-specific size
-PIP_NAMES = {"s5": "s5-pytorch"}  # an optional peer's module → the distribution that provides it
+PIP_NAMES = {"s5": "s5-pytorch", "fla": "fla-core"}  # an optional peer's module → the distribution that provides it
 
 
 @dataclass

@@ -42,6 +42,8 @@ LAYER_SIZES: dict[str, dict[str, Any]] = {
               "peer": "scan=selective-chunked", "check_sizes": {"N": 16}},
     "lrcssm": {"lengths": (256, 1024, 4096), "sizes": {"H": 64, "N": 64}, "batches": (4, 32), "threads": 1,
                "report": "REPORT_LRCSSM.md", "peer": "sequential"},
+    # Gated DeltaNet: 4 heads, K 16, V 32 (the core's defaults; N is unused), chunk 64; peer: fla's naive chunked op
+    "gdn": {"lengths": (1024, 4096), "sizes": {"B": 8, "H": 64, "N": 16}, "peer": "fla naive chunk"},
     # Mamba-2: 2 heads of 64 (head_dim gcd(2H, 64)), one group, chunk 256; the peer is transformers' torch path
     "mamba2": {"lengths": (256, 1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}, "peer": "transformers"},
     # attention: the explicit softmax (naive, the reference and peer column) against sdpa; 4 heads of 16, no window
@@ -51,6 +53,7 @@ LAYER_SIZES: dict[str, dict[str, Any]] = {
 }
 LAYER_PEERS: dict[str, Callable[[], list[Impl]]] = {
     "s4d": peers.s4d_straightforward, "s5": peers.s5_peers, "mamba": peers.mamba_peers, "lrcssm": peers.lrcssm_peers,
+    "gdn": peers.gdn_peers,
     "mamba2": peers.mamba2_peers,
     "mamba3": peers.mamba3_peers,
 }

@@ -448,6 +448,45 @@ def lrcssm_peers() -> list[Impl]:
 
 
 # ---------------------------------------------------------------------------------------
+# Gated DeltaNet: fla's naive references as the recurrence of the same layer
+# ---------------------------------------------------------------------------------------
+class _FlaGatedDeltaOps:
+    """Stands in for a GatedDeltaNet layer's bound ops: ``scan`` runs one of fla's naive references
+    with the zoo op's signature (q already scaled, so scale=1; fla's chunked one takes g before beta)."""
+
+    def __init__(self, fla: Any, which: str, chunk_size: int) -> None:
+        self.fla, self.which, self.chunk = fla, which, chunk_size
+
+    def scan(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None = None,
+             *, chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+        if self.which == "recurrent":
+            return self.fla.naive_recurrent_gated_delta_rule(q, k, v, beta, g, scale=1.0, initial_state=h0,
+                                                             output_final_state=True)
+        return self.fla.naive_chunk_gated_delta_rule(q, k, v, g, beta, chunk_size=self.chunk, scale=1.0,
+                                                     initial_state=h0, output_final_state=True)
+
+
+def gdn_peers() -> list[Impl]:
+    """The zoo's Gated DeltaNet layer built from seed 0 (the family's parameters) with its gated-delta-rule
+    op replaced by fla's pure-PyTorch references (fla-core's ``naive_recurrent_gated_delta_rule`` and
+    ``naive_chunk_gated_delta_rule`` at the layer's chunk size): the same projections, convolutions, gates
+    and norm around each, so the rows differ in the recurrence alone."""
+    def with_fla(which: str) -> Callable[[Sizes, str], Built]:
+        def build(s: Sizes, mode: str) -> Built:
+            from zoo_gdn.fla_reference import load_fla_naive
+
+            fla = load_fla_naive()
+            torch.manual_seed(0)
+            layer = registry().core("gdn").instantiate(d_model=s["H"], backend="auto")
+            layer.ops = _FlaGatedDeltaOps(fla, which, layer.chunk_size)  # an instance attribute: forward calls it
+            return layer_built(layer, s, mode)
+        return build
+
+    return [Impl("fla naive recurrent", with_fla("recurrent"), origin="peer", requires=("fla", "einops")),
+            Impl("fla naive chunk", with_fla("chunk"), origin="peer", requires=("fla", "einops"))]
+
+
+# ---------------------------------------------------------------------------------------
 # Mamba-3 (SISO): no peer package runs it on CPU; the zoo's Mamba-2 at the same sizes, for scale
 # ---------------------------------------------------------------------------------------
 def mamba3_peers() -> list[Impl]:
