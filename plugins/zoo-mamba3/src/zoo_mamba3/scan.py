@@ -115,18 +115,20 @@ def trap_scan_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, la
     last = torch.zeros(Q, dtype=ct, device=x.device)
     last[-1] = 1.0
     to_end = torch.exp(acum[:, :, -1:] - acum) * (gamma + dnext * (1 - last)[:, None])  # (Bt, nc, Q, H)
-    S = torch.einsum("bcsh,bcshp,bcshn->bchpn", to_end, x, B)  # (Bt, nc, H, P, N)
+    S = torch.einsum("bcshp,bcshn->bchpn", to_end[..., None] * x, B)  # (Bt, nc, H, P, N)
     # the cross-boundary trapezoid term: δ of chunk c's first step times chunk c−1's last x Bᵀ
     cross = delta[:, 1:, 0, :, None, None] * x[:, :-1, -1, :, :, None] * B[:, :-1, -1, :, None, :]
 
     # between chunks: Z_c, the state entering chunk c (trapezoid term included); Z_nc is the final state
-    chunk_decay = torch.exp(acum[:, :, -1])  # (Bt, nc, H)
+    # (unbind, not S[:, c]: indexing a slice would backpropagate a full-size zero tensor per chunk)
+    chunk_decay = torch.exp(acum[:, :, -1])[..., None, None].unbind(1)  # nc × (Bt, H, 1, 1)
+    inputs, crossing = S.unbind(1), cross.unbind(1)
     entering = []
     for c in range(nc):
         entering.append(h)
-        h = chunk_decay[:, c, :, None, None] * h + S[:, c]
+        h = chunk_decay[c] * h + inputs[c]
         if c + 1 < nc:
-            h = h + cross[:, c]
+            h = h + crossing[c]
     Z = torch.stack(entering, 1)  # (Bt, nc, H, P, N)
-    y = y + torch.einsum("bcth,bcthn,bchpn->bcthp", torch.exp(acum), C, Z)
+    y = y + torch.einsum("bcthn,bchpn->bcthp", torch.exp(acum)[..., None] * C, Z)
     return y.reshape(Bt, nc * Q, H, P)[:, :L], h
