@@ -190,7 +190,7 @@ def test_config_that_contradicts_the_weights_names_each_field(hf_default, tmp_pa
     ({"state_size": "5"}, CheckpointError, "'state_size' must be int"),
     ({"use_bias": 1}, CheckpointError, "'use_bias' must be bool"),
     ({"time_step_min": 0.5, "time_step_max": 0.1}, CheckpointError, "dt_min"),
-    ({"model_type": "mamba2"}, SpecError, "no registered converter recognises"),
+    ({"model_type": "jamba"}, SpecError, "no registered converter recognises"),  # (mamba2: zoo-mamba2's converter)
 ])
 def test_unsupported_or_malformed_transformers_configs(hf_default, tmp_path, changes, exc, match):
     src = edit_config(hf_default[1], tmp_path / "hf", **changes)
@@ -202,7 +202,7 @@ def test_unsupported_or_malformed_transformers_configs(hf_default, tmp_path, cha
 @pytest.mark.parametrize("changes,match", [
     ({"d_intermediate": 64}, "d_intermediate"),
     ({"attn_layer_idx": [1]}, "attn_layer_idx"),
-    ({"ssm_cfg": {"layer": "Mamba2", "d_state": 5, "d_conv": 3}}, "ssm_cfg.layer"),
+    ({"ssm_cfg": {"layer": "Mamba3", "d_state": 5, "d_conv": 3}}, "ssm_cfg.layer"),  # (Mamba2: zoo-mamba2's converter)
     ({"ssm_cfg": {"d_state": 5, "d_conv": 3, "headdim": 8}}, "headdim"),
     ({"ssm_cfg": {"d_state": 5, "d_conv": 3, "expand": 1.5}}, "fractional"),
 ])

@@ -330,8 +330,8 @@ class MambaSSM:
     def detect(self, source: Path) -> bool:
         cfg = _peek(source)
         ssm = cfg.get("ssm_cfg") if cfg is not None else None
-        layer = ssm.get("layer", "Mamba1") if isinstance(ssm, dict) else "Mamba1"  # Mamba2 folders: zoo-mamba2's
-        return cfg is not None and "d_model" in cfg and "n_layer" in cfg and layer == "Mamba1" and (source / "pytorch_model.bin").is_file()
+        layer = ssm.get("layer", "Mamba1") if isinstance(ssm, dict) else "Mamba1"  # Mamba2 folders are zoo-mamba2's
+        return cfg is not None and "d_model" in cfg and "n_layer" in cfg and layer != "Mamba2" and (source / "pytorch_model.bin").is_file()
 
     def arch(self, cfg: dict[str, Any], where: str) -> Arch:
         f = lambda k, t, d: _field(cfg, k, t, d, where)  # noqa: E731
