@@ -16,5 +16,6 @@ class TestGatedDeltaNetVariants(ConformanceSuite):
 
     def make_case(self) -> CoreCase:
         case = super().make_case()
-        case.params.update(num_heads=2, head_dim="auto", expand_k=1.0, expand_v=1.0, use_gate=False, conv_bias=True, allow_neg_eigval=True, chunk_size=5)
+        case.params.update(num_heads=2, head_dim="auto", expand_k=1.0, expand_v=1.0, use_gate=False, conv_bias=True,
+                           allow_neg_eigval=True, chunk_size=5)
         return case

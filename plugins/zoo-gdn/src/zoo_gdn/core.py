@@ -121,8 +121,8 @@ class GatedDeltaNet(CoreBase, params=GatedDeltaNetParams):
         """The three depthwise convolutions as one: weight (D, 1, W), bias (D,) or None."""
         convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
         weight = torch.cat([c.weight for c in convs])
-        bias = torch.cat([c.bias for c in convs]) if self.q_conv1d.bias is not None else None
-        return weight, bias
+        biases = [c.bias for c in convs if c.bias is not None]
+        return weight, (torch.cat(biases) if biases else None)
 
     def _projected(self, x: Tensor) -> Tensor:
         """q_proj, k_proj, v_proj stacked: (..., D)."""
@@ -172,7 +172,8 @@ class GatedDeltaNet(CoreBase, params=GatedDeltaNetParams):
             conv = conv + bias
         q, k, v, beta, g = self._heads(conv, x_t)
         S = state["ssm"]
-        o, S = gated_delta_step(*(t.to(S.dtype) for t in (q, k, v, beta, g)), S)  # (B, h, V), (B, h, K, V)
+        dt = S.dtype
+        o, S = gated_delta_step(q.to(dt), k.to(dt), v.to(dt), beta.to(dt), g.to(dt), S)  # (B, h, V), (B, h, K, V)
         return self._output(o, x_t), {"conv": window[..., 1:].contiguous(), "ssm": S}
 
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
