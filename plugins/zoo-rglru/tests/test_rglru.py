@@ -217,4 +217,4 @@ def test_discrete_time_refuses_sampling_rate_rescaling():
 def test_backend_labels():
     assert RGLRU(d_model=4, backend="naive").backend_choice.path == "sequential"
     assert RGLRU(d_model=4, backend="scan").backend_choice.label() == "recurrent: scan=scan"
-    assert RGLRU(d_model=4).backend_choice.path == "recurrent"
+    assert RGLRU(d_model=4).backend_choice.label() == "recurrent: scan=scan"  # pinned on CPU (measured)
