@@ -50,12 +50,15 @@ LAYER_SIZES: dict[str, dict[str, Any]] = {
     "attention": {"lengths": (1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}, "peer": "attention=naive"},
     # Mamba-3 (SISO): the chunked scan against the sequential reference (the peer column); 2 heads of 64
     "mamba3": {"lengths": (1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}, "peer": "scan=mamba3-sequential"},
+    # RG-LRU (Hawk block): lru_width = H = 64, one head (the core's defaults; N is unused); peer: transformers' block
+    "rglru": {"lengths": (1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}, "peer": "transformers"},
 }
 LAYER_PEERS: dict[str, Callable[[], list[Impl]]] = {
     "s4d": peers.s4d_straightforward, "s5": peers.s5_peers, "mamba": peers.mamba_peers, "lrcssm": peers.lrcssm_peers,
     "gdn": peers.gdn_peers,
     "mamba2": peers.mamba2_peers,
     "mamba3": peers.mamba3_peers,
+    "rglru": peers.rglru_peers,
 }
 
 

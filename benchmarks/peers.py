@@ -416,6 +416,44 @@ def mamba2_peers() -> list[Impl]:
 
 
 # ---------------------------------------------------------------------------------------
+# RG-LRU: transformers' RecurrentGemma recurrent block
+# ---------------------------------------------------------------------------------------
+class _PositionsFed(nn.Module):
+    """Calls a RecurrentGemmaRecurrentBlock as a (B, L, H) layer: positions 0..L−1 (one document),
+    no cache (its prefill path: the linear-mode loop of ``_rnn_scan``)."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: Tensor) -> Tensor:
+        pos = torch.arange(x.shape[1], device=x.device)[None].expand(x.shape[0], -1)  # (B, L)
+        out: Tensor = self.block(x, pos, None, use_cache=False)[0]
+        return out
+
+
+def rglru_peers() -> list[Impl]:
+    """transformers' RecurrentGemmaRecurrentBlock on CPU (its torch loop over L), loaded with the
+    seed-0 zoo RG-LRU's weights through zoo_rglru.convert (the one change of value: Λ = −recurrent_param)."""
+    def hf(s: Sizes, mode: str) -> Built:
+        import transformers
+        from transformers.models.recurrent_gemma.modeling_recurrent_gemma import RecurrentGemmaRecurrentBlock
+
+        from zoo_rglru.convert import state_dict_to_transformers
+
+        torch.manual_seed(0)
+        ours = registry().core("rglru").instantiate(d_model=s["H"], backend="auto")
+        cfg = transformers.RecurrentGemmaConfig(hidden_size=s["H"], lru_width=ours.lru_width,
+                                                num_attention_heads=ours.num_heads, conv1d_width=ours.conv_width,
+                                                num_hidden_layers=1, vocab_size=8, intermediate_size=8)
+        block = RecurrentGemmaRecurrentBlock(cfg, 0)
+        block.load_state_dict(state_dict_to_transformers(ours.state_dict()))
+        return layer_built(_PositionsFed(block), s, mode)
+
+    return [Impl("transformers", hf, origin="peer", requires=("transformers",))]
+
+
+# ---------------------------------------------------------------------------------------
 # LrcSSM: Newton's window variants
 # ---------------------------------------------------------------------------------------
 TUNE_WINDOWS: tuple[int | None, ...] = (None, 2**20, 2**19, 2**18, 2**17, 2**16)

@@ -105,5 +105,11 @@ def from_transformers_block(state_dict: Mapping[str, Tensor], config: Any, prefi
     return load_transformers_block(RGLRU(**{**params_from_config(config), **overrides}), state_dict, prefix)
 
 
+def state_dict_to_transformers(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """The inverse of ``state_dict_from_transformers``: an RGLRU state dict in the
+    ``RecurrentGemmaRecurrentBlock`` layout (e.g. to run the reference on the zoo's weights)."""
+    return {old: (-1 if old in NEGATED else 1) * state_dict[new] for old, new in RENAMES.items()}
+
+
 def _shaped_by(key: str) -> str:
     return next((v for k, v in _SHAPED_BY.items() if key.startswith(k)), "the config")
