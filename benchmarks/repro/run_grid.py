@@ -184,12 +184,16 @@ def append(path: Path, row: dict[str, Any]) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def plan(suites: list[str], epochs: int | None, seeds: list[int] | None, root: Path) -> list[dict[str, Any]]:
+def plan(suites: list[str], epochs: int | None, seeds: list[int] | None, root: Path,
+         cores: list[str] | None = None) -> list[dict[str, Any]]:
     """Jobs seed-major (every config's first seed, then the second, ...): a grid cut short by the
-    deadline still has whole seeds."""
+    deadline still has whole seeds. ``cores`` keeps only those cores' suites (a family that has
+    just landed can be trained while the others are still being written)."""
     jobs, keys = [], set()
     for name in suites:
         for s in SUITES[name]:
+            if cores and s.core not in cores:
+                continue
             ep = epochs or s.epochs
             for seed in seeds or s.seeds:
                 for c in s.reshape:
@@ -313,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suite", nargs="+", default=["jv-lru"], choices=sorted(SUITES))
     ap.add_argument("--epochs", type=int, help="override the suite's epochs (part of each run's key)")
     ap.add_argument("--seeds", type=int, nargs="+", help="override the suite's seeds")
+    ap.add_argument("--cores", nargs="+", help="only these cores of the suites (default: all)")
     ap.add_argument("--jobs", type=int, default=2, help="processes at once (one thread each)")
     ap.add_argument("--deadline-min", type=float, help="launch no new run after this many minutes")
     ap.add_argument("--results", type=Path, default=RESULTS / "grid.jsonl")
@@ -320,12 +325,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=Path, default=RUNS, help="where run folders (checkpoints, best models) go")
     args = ap.parse_args(argv)
     if args.action == "list":
-        for j in plan(args.suite, args.epochs, args.seeds, args.runs):
+        for j in plan(args.suite, args.epochs, args.seeds, args.runs, args.cores):
             print(j["key"])
     elif args.action == "probe":
         probe(args.suite, args.runs)
     elif args.action == "train":
-        drive(plan(args.suite, args.epochs, args.seeds, args.runs.resolve()), args.results.resolve(), args.jobs, args.deadline_min)
+        drive(plan(args.suite, args.epochs, args.seeds, args.runs.resolve(), args.cores), args.results.resolve(), args.jobs, args.deadline_min)
     else:
         adaptive(args.suite, args.results, args.adaptive_results, args.jobs)
     return 0
