@@ -74,6 +74,14 @@ def test_the_step_is_the_written_out_delta_rule():
     torch.testing.assert_close(o[0, 0], S.T @ q)
 
 
+@pytest.mark.parametrize("fn", [gated_delta_sequential, gated_delta_chunked], ids=["sequential", "chunked"])
+def test_an_empty_sequence_passes_the_state_through(fn):
+    x = inputs(2, 0, 2, 3, 4)
+    o, S = fn(x["q"], x["k"], x["v"], x["beta"], x["g"], x["h0"], chunk_size=4)
+    assert o.shape == (2, 0, 2, 4)
+    torch.testing.assert_close(S, x["h0"])
+
+
 def test_zero_initial_state_is_none_and_float32_computes_in_float32():
     x = inputs(1, 10, 2, 3, 3, dtype=torch.float32)
     o1, S1 = gated_delta_chunked(x["q"], x["k"], x["v"], x["beta"], x["g"], None, chunk_size=4)

@@ -72,7 +72,9 @@ def gated_delta_chunked(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
     dtype = _compute_dtype(q, k, v, beta, g)
     B, L, H, K = q.shape
     V = v.shape[-1]
-    C = max(1, min(chunk_size, L))
+    if L == 0:  # no chunk to run: the state passes through
+        return gated_delta_sequential(q, k, v, beta, g, h0)
+    C = min(chunk_size, L)
     pad = (-L) % C
     q, k, v, beta, g = (_chunks(t.to(dtype), C, pad) for t in (q, k, v, beta, g))  # (B, h, N, C, ·)
     gam = g.cumsum(-1)  # (B, h, N, C) γ
