@@ -19,7 +19,7 @@ from zoo_core.factory import load_pretrained
 from zoo_core.flops import count_flops
 from zoo_core.footprint import estimate
 from zoo_core.io.pretrained import save_pretrained
-from zoo_core.nn.blocks import Block, count_params, make_block
+from zoo_core.nn.blocks import count_params, make_block
 from zoo_core.plugins import get_registry
 from zoo_core.spec import load_spec
 from zoo_core.testing.helpers import model_spec, unroll

@@ -262,9 +262,10 @@ def read_folder(directory: str | os.PathLike[str], *, allow_nonfinite: bool = Fa
 
 def _core_kinds(spec: Mapping[str, Any]) -> list[str]:
     """The kinds of model.core and of a hybrid stack's model.cores, in that order, each once."""
-    model = spec.get("model") if isinstance(spec.get("model"), dict) else {}
-    named = model.get("cores") if isinstance(model.get("cores"), dict) else {}
-    cores = [model.get("core"), *named.values()]
+    model = spec.get("model")
+    body: Mapping[str, Any] = model if isinstance(model, dict) else {}
+    named = body.get("cores")
+    cores = [body.get("core"), *(named.values() if isinstance(named, dict) else ())]
     kinds = [c.get("kind") for c in cores if isinstance(c, dict)]
     return list(dict.fromkeys(k for k in kinds if isinstance(k, str)))
 

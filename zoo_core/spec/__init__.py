@@ -151,7 +151,8 @@ def _check_sharing(env: ModelSpec, policy: Any, layout: tuple[str, ...],
             a, b = layout[at], layout[pos]
             st = env.model.stacking
             how = f"policy {st.policy!r}" + (f", period {st.period}" if st.period is not None else "")
-            cycle = schedule_period(list(layout))
+            ids = {name: i for i, name in enumerate(dict.fromkeys(layout))}
+            cycle = schedule_period([ids[name] for name in layout])
             raise spec_error(positions, ("model", "stacking"),
                              f"depth positions {at + 1} and {pos + 1} share block {pattern([block])} (stacking {how}: "
                              f"{pattern(schedule)}) but run different cores: {a!r} ({named[a][0].name}) at {at + 1}, "

@@ -202,7 +202,7 @@ class ModelBody(_Strict):
     pattern: list[CoreName] | None = Field(
         None, min_length=1, max_length=4096, description="hybrid stacks: core names repeated over the depth, e.g. "
         "[core, core, attn] (its length must divide model.depth)")
-    positions: dict[CoreName, list[Position]] | None = Field(
+    positions: dict[CoreName, Annotated[list[Position], Field(max_length=4096)]] | None = Field(
         None, max_length=64, description="hybrid stacks: named core -> the depth positions (counted from 1) it runs "
         "at; the default core runs everywhere else")
     encoder: EncoderSpec = EncoderSpec()
