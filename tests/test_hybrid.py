@@ -294,6 +294,21 @@ def test_a_non_causal_core_anywhere_makes_the_model_non_causal():
         unroll(model, x)
 
 
+def test_training_on_padded_batches_refuses_a_non_causal_core_at_any_position():
+    from zoo_core.datasets import get_dataset
+    from zoo_core.train.run import check_model_fits, training_settings
+
+    jv = get_dataset("JapaneseVowels")  # unequal lengths: metadata only, nothing is loaded
+    for cores, ok in (({"bi": {"kind": "s5-bidirectional", "preset": "tiny"}}, False), ({"bi": {"kind": "s5", "preset": "tiny"}}, True)):
+        spec = load_spec(model_spec("lru", depth=3, task={"kind": "classification", "classes": 9}, inp={"channels": 12},
+                                    cores=cores, positions={"bi": [3]}))
+        if ok:
+            check_model_fits(spec, training_settings(spec), jv)
+            continue
+        with pytest.raises(SpecError, match="core 's5-bidirectional' is not causal"):
+            check_model_fits(spec, training_settings(spec), jv)
+
+
 def test_a_rescaled_sampling_rate_is_stored_for_each_named_core():
     from zoo_core.nn.model import rescale_sampling_rate
 
