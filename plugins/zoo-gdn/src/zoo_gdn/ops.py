@@ -83,7 +83,7 @@ def gated_delta_chunked(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
     decay = torch.exp((gam[..., :, None] - gam[..., None, :]).masked_fill(~incl, float("-inf")))  # (B, h, N, C, C) Γ
     A = (beta[..., :, None] * (k @ k.transpose(-1, -2)) * decay).masked_fill(~strict, 0.0)  # (B, h, N, C, C)
     rhs = torch.cat([(beta * gam.exp())[..., None] * k, beta[..., None] * v], -1)  # (B, h, N, C, K+V)
-    # (I + A)⁻¹ rhs with one batch dimension: torch's CPU solve is several times slower on a 5-D batch
+    # (I + A)⁻¹ rhs over one flat batch dimension (measured ~25% cheaper on CPU than the 5-D batch)
     sol = torch.linalg.solve_triangular(A.reshape(-1, C, C), rhs.reshape(-1, C, K + V), upper=False, unitriangular=True)
     W, Ut = sol.reshape(rhs.shape).split([K, V], -1)  # (B, h, N, C, K), (B, h, N, C, V)
     M = (q @ k.transpose(-1, -2)) * decay  # (B, h, N, C, C) causal, diagonal included
