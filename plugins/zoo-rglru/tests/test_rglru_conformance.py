@@ -38,6 +38,20 @@ class TestRGLRUSequential(ConformanceSuite):
     test_long_step = _once(ConformanceSuite.test_long_step)
 
 
+class TestRGLRUScanLoop(ConformanceSuite):
+    """The recurrent path with the registry's loop scan (scan=naive) as the chosen backend."""
+
+    core = "rglru"
+
+    def make_case(self):
+        case = super().make_case()
+        case.params.update(backend={"scan": "naive"})
+        return case
+
+    test_stability = _once(ConformanceSuite.test_stability)
+    test_long_step = _once(ConformanceSuite.test_long_step)
+
+
 class TestRGLRUOddShape(ConformanceSuite):
     """Three heads of width 3, pointwise conv (K = 1: an empty conv state), another c, the reference init."""
 
