@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 _aten = torch.ops.aten
 _FFT = {_aten._fft_r2c.default, _aten._fft_c2r.default, _aten._fft_c2c.default}
@@ -58,9 +59,20 @@ def _fft_flops(func: Any, args: tuple[Any, ...], out: Any) -> int:
     return total
 
 
+# PyTorch's table prices the GPU attention kernels only; scaled_dot_product_attention on CPU runs this
+# one, priced the same way (its two matrix products, QKᵀ and PV, grouped heads included).
+_CPU_SDPA: dict[str, Callable[..., int]] = {
+    "_scaled_dot_product_flash_attention_for_cpu": lambda q, k, v, *_, **__: sdpa_flop_count(q.shape, k.shape, v.shape),
+    "_scaled_dot_product_flash_attention_for_cpu_backward":
+        lambda g, q, k, v, *_, **__: sdpa_backward_flop_count(g.shape, q.shape, k.shape, v.shape),
+}
+
+
 def op_flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
     """The FLOPs the table above assigns to one executed aten op."""
     packet = func._overloadpacket
+    if packet.__name__ in _CPU_SDPA:
+        return int(_CPU_SDPA[packet.__name__](*args, **kwargs))
     if packet in flop_registry:
         ins = _tensors(args)
         n = int(flop_registry[packet](*args, **kwargs, out_val=out))  # takes tensors, reads their shapes

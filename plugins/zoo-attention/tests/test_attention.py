@@ -325,3 +325,20 @@ def test_input_reshaping_streams_like_the_parallel_model():
         for t in range(7):
             y_t, state = model.step(x[:, t], state)
             assert_close(f"prefix {t + 1}", model(x[:, :t + 1]), y_t, rtol=1e-9, atol=1e-11)
+
+
+def test_flop_counter_prices_both_backends_alike():
+    """The two attention matrix products (QKᵀ and PV: 4·B·Hq·L²·D) are counted for sdpa's CPU kernel as
+    for the written-out softmax's bmm, grouped heads included (that kernel was priced at zero before)."""
+    from zoo_core.flops import count_flops
+
+    x = torch.randn(2, 33, 12)
+    by_op = {}
+    for backend in ("naive", "sdpa"):
+        core = Attention(12, n_heads=6, n_kv_heads=2, backend=backend)
+        with torch.no_grad(), count_flops() as fc:
+            core(x)
+        by_op[backend] = fc.by_op
+    matmuls = 4 * 2 * 6 * 33 * 33 * 2  # B = 2, Hq = 6, L = 33, D = 2
+    assert by_op["naive"]["bmm"] == matmuls
+    assert sum(n for op, n in by_op["sdpa"].items() if "attention" in op or op == "bmm") == matmuls

@@ -6,10 +6,15 @@ from zoo_core.testing import ConformanceSuite
 
 
 class TestAttention(ConformanceSuite):
-    """Tiny preset (2 query heads sharing 1 key/value head, RoPE), growing cache."""
+    """2 query heads sharing 1 key/value head, RoPE, growing cache."""
 
     core = "attention"
     d_model = 8
+
+    def make_case(self):
+        case = super().make_case()
+        case.params.update(n_heads=2, n_kv_heads=1)
+        return case
 
 
 class TestAttentionWindow(ConformanceSuite):
@@ -39,6 +44,11 @@ class TestAttentionNoRope(ConformanceSuite):
 class TestAttentionBidirectional(ConformanceSuite):
     core = "attention-bidirectional"
     d_model = 8
+
+    def make_case(self):
+        case = super().make_case()
+        case.params.update(n_heads=2, n_kv_heads=1)
+        return case
 
 
 class TestAttentionBidirectionalWindow(ConformanceSuite):

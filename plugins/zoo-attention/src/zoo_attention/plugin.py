@@ -11,7 +11,7 @@ from .params import AttentionBidirectionalParams, AttentionParams
 zoo_api = 1
 
 PRESETS: dict[str, dict[str, object]] = {
-    "tiny": {"n_heads": 2, "n_kv_heads": 1},
+    "tiny": {"n_heads": 1},  # one head of d_model channels: valid with RoPE at every even width the zoo's tests use
     "local": {"n_heads": 4, "n_kv_heads": 1, "window": 64},  # Griffin-style local MQA (paper: window 1024/2048)
     "small": {"n_heads": 4},
     "gqa": {"n_heads": 4, "n_kv_heads": 2},
