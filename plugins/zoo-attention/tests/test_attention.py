@@ -342,3 +342,21 @@ def test_flop_counter_prices_both_backends_alike():
     matmuls = 4 * 2 * 6 * 33 * 33 * 2  # B = 2, Hq = 6, L = 33, D = 2
     assert by_op["naive"]["bmm"] == matmuls
     assert sum(n for op, n in by_op["sdpa"].items() if "attention" in op or op == "bmm") == matmuls
+
+
+def test_griffin_style_hybrid_streams_like_the_parallel_model():
+    """Two recurrent blocks per local-attention block (model.cores + model.pattern): stepping the
+    whole hybrid equals its parallel forward, the attention positions carrying their ring buffers."""
+    spec = {"schema_version": 1, "task": {"kind": "sequence", "outputs": 3}, "input": {"channels": 4},
+            "model": {"d_model": 8, "depth": 6, "core": {"kind": "lru", "preset": "tiny"},
+                      "cores": {"local": {"kind": "attention", "n_heads": 2, "window": 4}},
+                      "pattern": ["core", "core", "local"]}}
+    model = build_model(spec, seed=0, dtype=F64).eval()
+    assert [type(model.stack.block(model.stack.block_index(p)).core).__name__ for p in range(6)].count("Attention") == 2
+    x = torch.randn(2, 11, 4, dtype=F64)
+    with torch.no_grad():
+        state, ys = model.init_state(2, dtype=F64), []
+        for t in range(11):
+            y_t, state = model.step(x[:, t], state)
+            ys.append(y_t)
+        assert_close("hybrid step vs forward", model(x), torch.stack(ys, 1), **TIGHT)
