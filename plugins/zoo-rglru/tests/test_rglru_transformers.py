@@ -11,7 +11,12 @@ import pytest
 import torch
 
 from zoo_core.errors import CheckpointError
-from zoo_rglru.convert import from_transformers_block, load_transformers_block, params_from_config
+from zoo_rglru.convert import (
+    from_transformers_block,
+    load_transformers_block,
+    params_from_config,
+    state_dict_to_transformers,
+)
 from zoo_rglru.core import RGLRU
 
 tr = pytest.importorskip("transformers")
@@ -42,11 +47,12 @@ def _positions(start: int, n: int) -> torch.Tensor:
     return torch.arange(start, start + n)[None].expand(B, n)
 
 
-@pytest.mark.parametrize("backend", ["naive", "scan", "auto"])
-def test_outputs_equal_the_reference_block(backend):
-    cfg, block = _reference()
+@pytest.mark.parametrize("backend,sizes", [("naive", (24, 36, 3, 4)), ("scan", (24, 36, 3, 4)), ("auto", (24, 36, 3, 4)),
+                                           ("auto", (10, 14, 2, 3))])  # (hidden, lru_width, heads, conv width)
+def test_outputs_equal_the_reference_block(backend, sizes):
+    cfg, block = _reference(*sizes)
     core = from_transformers_block(block.state_dict(), cfg, backend=backend).eval()
-    x = torch.randn(B, L, 24)
+    x = torch.randn(B, L, sizes[0])
     with torch.no_grad():
         ref, _ = block(x, _positions(0, L), None, use_cache=False)
         out = core(x)
@@ -117,3 +123,12 @@ def test_missing_and_unexpected_keys_are_named():
     prefixed = {f"model.layers.0.temporal_block.{k}": v for k, v in block.state_dict().items()}
     core = from_transformers_block(prefixed, cfg, prefix="model.layers.0.temporal_block.")
     assert torch.equal(core.linear_x.weight, block.linear_x.weight)
+
+
+def test_state_dict_to_transformers_is_the_inverse():
+    cfg, block = _reference()
+    back = state_dict_to_transformers(from_transformers_block(block.state_dict(), cfg).state_dict())
+    ref = block.state_dict()
+    assert set(back) == set(ref)
+    for k, v in ref.items():
+        assert torch.equal(back[k], v), k
