@@ -218,3 +218,11 @@ def test_backend_labels():
     assert RGLRU(d_model=4, backend="naive").backend_choice.path == "sequential"
     assert RGLRU(d_model=4, backend="scan").backend_choice.label() == "recurrent: scan=scan"
     assert RGLRU(d_model=4).backend_choice.label() == "recurrent: scan=scan"  # pinned on CPU (measured)
+
+
+def test_a_state_without_its_keys_is_refused_naming_them():
+    core = RGLRU(d_model=4)
+    state = core.init_state(1)
+    del state["start"]
+    with pytest.raises(ValueError, match=r"RGLRU state lacks \['start'\].*init_state"):
+        core(torch.randn(1, 3, 4), state)

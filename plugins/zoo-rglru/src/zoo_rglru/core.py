@@ -72,6 +72,13 @@ def lambda_init(width: int, c: float, a_min: float, a_max: float, how: str) -> T
     return log_a - torch.log(-torch.expm1(log_a))  # logit(a) = log a − log(1 − a)
 
 
+def _check_state(state: State) -> None:
+    missing = {"conv", "h", "start"} - set(state)
+    if missing:
+        raise ValueError(f"RGLRU state lacks {sorted(missing)}: it needs conv (B, W, K−1), h (B, W) and start (B,; 1 where "
+                         "a document begins); start from core.init_state(batch) or a state this core returned")
+
+
 class RGLRU(CoreBase, params=RGLRUParams):
     # "sequential": step() unrolled, the reference. "recurrent": gates for all steps at once, then
     # the registered diagonal scan on (a_t, b_t); "auto" picks it.
@@ -176,6 +183,7 @@ class RGLRU(CoreBase, params=RGLRUParams):
         require_float(x, "RGLRU")
         if state is None:
             state = self.init_state(x.shape[0], device=x.device, dtype=x.dtype)
+        _check_state(state)
         y: Tensor
         new: State
         y, new = self.run_path(x, state)
