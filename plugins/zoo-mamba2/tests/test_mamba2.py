@@ -144,15 +144,3 @@ def test_the_example_specs_build(name):
     """(mamba2-130m.yaml builds too, in seconds: `zoo build` it by hand; kept out of the fast suite.)"""
     assert zoo_main(["build", str(SPECS / name)]) == 0
 
-
-def test_the_hand_written_conv_backward_is_exact():
-    """CausalDepthwiseConv equals conv1d(groups=Dc) and passes gradcheck (float64)."""
-    from zoo_mamba2.core import CausalDepthwiseConv
-
-    seq = torch.randn(2, 9, 5, dtype=F64, requires_grad=True)
-    w = torch.randn(5, 3, dtype=F64, requires_grad=True)
-    b = torch.randn(5, dtype=F64, requires_grad=True)
-    ref = torch.nn.functional.conv1d(seq.transpose(1, 2), w[:, None], b, groups=5).transpose(1, 2)
-    torch.testing.assert_close(CausalDepthwiseConv.apply(seq, w, b, 7), ref)
-    assert torch.autograd.gradcheck(lambda s, w, b: CausalDepthwiseConv.apply(s, w, b, 7), (seq, w, b))
-    assert torch.autograd.gradcheck(lambda s, w: CausalDepthwiseConv.apply(s, w, None, 7), (seq, w))

@@ -64,40 +64,6 @@ class GatedRMSNorm(nn.Module):
         return y
 
 
-class CausalDepthwiseConv(torch.autograd.Function):
-    """y_t = Σ_k w_k ⊙ seq_{t+k} (+ bias): K shifted multiply-adds with a hand-written backward.
-
-    Equal to conv1d(groups=Dc) on the transposed input, whose CPU backward was 60% of a whole
-    fwd+bwd at L = 4096; autograd over the K shifted products instead kept K full-size slice
-    gradients alive. This saves only seq and w, and accumulates every gradient in place."""
-
-    @staticmethod
-    def forward(ctx: Any, seq: Tensor, w: Tensor, bias: Tensor | None, L: int) -> Tensor:
-        """seq (Bt, K−1+L, Dc), w (Dc, K), bias (Dc,) | None -> (Bt, L, Dc)."""
-        out = seq[:, :L] * w[:, 0]
-        for k in range(1, w.shape[1]):
-            out.addcmul_(seq[:, k:k + L], w[:, k])
-        if bias is not None:
-            out.add_(bias)
-        ctx.save_for_backward(seq, w)
-        ctx.has_bias, ctx.L = bias is not None, L
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        seq, w = ctx.saved_tensors
-        L = ctx.L
-        d_seq = torch.zeros_like(seq) if ctx.needs_input_grad[0] else None
-        d_w = torch.empty_like(w) if ctx.needs_input_grad[1] else None
-        for k in range(w.shape[1]):
-            if d_seq is not None:
-                d_seq[:, k:k + L].addcmul_(grad, w[:, k])
-            if d_w is not None:
-                d_w[:, k] = torch.einsum("bld,bld->d", grad, seq[:, k:k + L])
-        d_bias = grad.sum((0, 1)) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return d_seq, d_w, d_bias, None
-
-
 def _refuse_half(x: Tensor, weight: Tensor) -> None:
     """Half-precision input to a float32/float64 core is refused naming the dtype."""
     if x.dtype in (torch.float16, torch.bfloat16) and x.dtype != weight.dtype:
@@ -196,8 +162,12 @@ class Mamba2(CoreBase, params=Mamba2Params):
         return self._output(y, xs, z), {"conv": seq[:, L:].transpose(1, 2).contiguous(), "ssm": h}
 
     def _conv(self, seq: Tensor, L: int) -> Tensor:
-        """The causal depthwise conv over seq (Bt, K−1+L, Dc) -> (Bt, L, Dc), channels-last."""
-        return cast(Tensor, CausalDepthwiseConv.apply(seq, self.conv1d.weight[:, 0], self.conv1d.bias, L))
+        """The causal depthwise conv over seq (Bt, K−1+L, Dc) -> (Bt, L, Dc), channels-last.
+
+        conv1d reads the channels-last layout through a transposed view: its CPU backward on
+        that layout is an order of magnitude faster than on the contiguous (Bt, Dc, K−1+L) one
+        (which was 60% of a whole fwd+bwd at L = 4096), and no transposed copy is kept."""
+        return F.conv1d(seq.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim).transpose(1, 2)
 
     # streaming ---------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:

@@ -16,7 +16,7 @@ H_L (Bt, Hh, P, N)). The D skip and the gate are the core's. They compute in the
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -75,6 +75,33 @@ def _segsum_exp(cs: Tensor) -> Tensor:
     return torch.exp(diff.masked_fill(~keep, float("-inf")))
 
 
+class _WithinChunks(torch.autograd.Function):
+    """y = (C·Bᵀ ⊙ exp(segsum(cs))) @ (Δx) per chunk, keeping only C·Bᵀ, cs and Δx for backward.
+
+    Autograd over the three products kept two more (…, Q, Q) tensors per head (the decay mask
+    and the masked product); this recomputes the mask in backward (one exp), which keeps the
+    peak memory of a long fwd+bwd below transformers' chunked torch path."""
+
+    @staticmethod
+    def forward(ctx: Any, CB: Tensor, cs: Tensor, X: Tensor) -> Tensor:
+        """CB (Bt, G, 1, Nc, Q, Q), cs (Bt, Hh, Nc, Q), X (Bt, G, Hh/G, Nc, Q, P) -> (Bt, G, Hh/G, Nc, Q, P)."""
+        M = _segsum_exp(cs).view(*X.shape[:-1], X.shape[-2]).mul_(CB)  # (Bt, G, Hh/G, Nc, Q, Q)
+        ctx.save_for_backward(CB, cs, X)
+        return M @ X
+
+    @staticmethod
+    def backward(ctx: Any, dY: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        CB, cs, X = ctx.saved_tensors
+        decay = _segsum_exp(cs).view(*X.shape[:-1], X.shape[-2])  # (Bt, G, Hh/G, Nc, Q, Q)
+        dM = dY @ X.transpose(-1, -2)  # (Bt, G, Hh/G, Nc, Q, Q)
+        dCB = (dM * decay).sum(2, keepdim=True)  # the heads of a group share C·Bᵀ
+        M = decay.mul_(CB)
+        dX = M.transpose(-1, -2) @ dY
+        dS = dM.mul_(M)  # d(cs_l − cs_s), zero above the diagonal
+        dcs = (dS.sum(-1) - dS.sum(-2)).view_as(cs)
+        return dCB, dcs, dX
+
+
 def ssd_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int,
                 h0: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The chunked SSD algorithm: within each chunk of Q steps the quadratic (attention-like) form
@@ -96,8 +123,7 @@ def ssd_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_si
 
     # 1. within chunks: y_l = Σ_{s≤l} (C_l·B_s) exp(cs_l − cs_s) Δ_s x_s
     CB = (Cc @ Bc.transpose(-1, -2))[:, :, None]  # (Bt, G, 1, Nc, Q, Q), per group, not per head
-    M = CB * _segsum_exp(cs).view(*grouped, Q)  # (Bt, G, Hh/G, Nc, Q, Q)
-    y = M @ xdt.view(*grouped, P)  # (Bt, G, Hh/G, Nc, Q, P)
+    y = _WithinChunks.apply(CB, cs, xdt.view(*grouped, P))  # (Bt, G, Hh/G, Nc, Q, P)
 
     # 2. each chunk's own contribution to the state at its end: Σ_s exp(cs_end − cs_s) Δ_s x_s ⊗ B_s
     to_end = torch.exp(cs[..., -1:] - cs)  # (Bt, Hh, Nc, Q)
