@@ -156,6 +156,11 @@ def test_stream_demo_on_a_real_sequence(capsys):
     out = capsys.readouterr().out
     assert "basicmotions test sequence 3: length 100, 6 channels" in out
     assert "agreement        : OK" in out
+    # the dataset as specs and the source spell it (any case) is the same bundled set
+    assert main(["stream", str(ROOT / "specs/s4d-basicmotions.yaml"), "--dataset", "BasicMotions", "--index", "3"]) == 0
+    assert "basicmotions test sequence 3" in capsys.readouterr().out
+    assert main(["stream", str(ROOT / "specs/s4d-basicmotions.yaml"), "--dataset", "NoSuchSet"]) == 2
+    assert "unknown dataset 'NoSuchSet'; bundled: basicmotions, japanesevowels" in capsys.readouterr().err
     assert main(["stream", str(ROOT / "specs/s4d-tiny.yaml")]) == 2  # 2 channels, the data has 6
     assert main(["stream", str(ROOT / "specs/s4d-lm.yaml")]) == 2  # tokens, not a time series
     assert main(["stream", str(ROOT / "specs/s4d-basicmotions.yaml"), "--index", "999"]) == 2

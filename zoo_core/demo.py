@@ -11,8 +11,10 @@ from .spec import load_spec
 
 
 def stream_demo(spec_path: str, *, dataset: str = "basicmotions", index: int = 0, seed: int = 0) -> int:
-    if dataset not in BUNDLED_UEA:
+    # the specs spell a dataset as its source does (JapaneseVowels); the flag takes any case
+    if dataset.lower() not in BUNDLED_UEA:
         raise SpecError(f"unknown dataset {dataset!r}; bundled: {', '.join(BUNDLED_UEA)}")
+    dataset = dataset.lower()
     spec = load_spec(spec_path)
     channels = spec.envelope.input.channels
     if channels is None:
