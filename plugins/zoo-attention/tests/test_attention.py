@@ -200,6 +200,24 @@ def test_padded_keys_never_reach_valid_queries(cls, backend):
             assert_close(f"sample {b} loop", loop_reference(core, x[b:b + 1, :n])[0], y[b, :n], **TIGHT)
 
 
+@pytest.mark.parametrize("cls", [Attention, AttentionBidirectional], ids=["causal", "bidirectional"])
+def test_a_query_whose_window_holds_only_padding_gives_zero_not_nan(cls):
+    """Length 2, window 2, L 9: queries 4… read no valid key. Both backends give 0 there (sdpa's
+    rule), so a second layer's valid outputs and every gradient stay finite and equal."""
+    x, lengths = xs(2, 9, seed=12), torch.tensor([9, 2])
+    got = {}
+    for backend in ("naive", "sdpa"):
+        core = make(cls, backend=backend, window=2)
+        xg = x.clone().requires_grad_(True)
+        y1 = core(xg, lengths=lengths)
+        y2 = core(y1, lengths=lengths)  # the padded rows of y1 are the second layer's (masked) keys
+        (grad,) = torch.autograd.grad((y2[1, :2] ** 2).sum() + (y2[0] ** 2).sum(), xg)
+        got[backend] = {"y1": y1.detach(), "y2": y2.detach(), "grad x": grad}
+        assert all(bool(torch.isfinite(t).all()) for t in got[backend].values()), backend
+    for key, ref in got["naive"].items():
+        assert_close(key, ref, got["sdpa"][key], **TIGHT)
+
+
 def test_bidirectional_reads_the_future_and_refuses_streaming():
     core = make(AttentionBidirectional)
     x = xs(1, 9)

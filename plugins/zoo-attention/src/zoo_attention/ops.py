@@ -7,8 +7,8 @@ Letters: B batch, Hq query heads, Hk key/value heads (Hq = G·Hk), Lq queries, L
 ``attention_naive`` writes that out (the reference every other backend is compared against);
 ``attention_sdpa`` calls ``torch.nn.functional.scaled_dot_product_attention``, which picks a fused
 kernel (flash, memory-efficient, cuDNN) where one serves the inputs, else PyTorch's own math path.
-Every query row has at least one True entry in the masks the core builds (its own position), so
-no row is all −∞.
+A query row with no True entry (a padded query whose window holds only padding keys) gives 0 in
+both backends (sdpa's own rule since torch 2.5), never NaN.
 """
 
 from __future__ import annotations
@@ -49,9 +49,15 @@ def attention_naive(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     scores = (q @ k.transpose(-1, -2)) * scale  # (B, Hq, Lq, Lk)
     if causal:
         mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v  # (B, Hq, Lq, D)
+    if mask is None:
+        return torch.softmax(scores, dim=-1) @ v  # (B, Hq, Lq, D)
+    # A row with no readable key (a padded query whose window holds only padding) gives 0, as
+    # sdpa does, not NaN: a NaN there would reach valid queries of the next layer through 0·NaN
+    # in P V, and every gradient. The row's scores are zeroed before the softmax, so no NaN is
+    # made in the backward either.
+    some = mask.any(-1, keepdim=True)  # (B, ·, Lq, 1)
+    scores = scores.masked_fill(~mask, float("-inf")).masked_fill(~some, 0.0)
+    return torch.softmax(scores, dim=-1).masked_fill(~some, 0.0) @ v  # (B, Hq, Lq, D)
 
 
 def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, causal: bool = False,
