@@ -103,7 +103,7 @@ def test_an_unknown_name_lists_the_known_ones(tmp_path):
     ({"positions": {"conv": [5]}}, "model.positions.conv.0",
      "position 5 is past depth 4: positions count from 1 to 4"),
     ({"positions": {"conv": [2, 2]}}, "model.positions.conv.1",
-     "position 2 is given to both 'conv' and 'conv'; a position runs one core"),
+     "position 2 is listed twice for 'conv'; list each position once"),
     ({"positions": {"core": [1]}}, "model.positions.core",
      "the default core runs at every position not listed; list only named cores (model.cores: conv) here"),
     ({"positions": {"conv": []}}, "model.positions.conv",

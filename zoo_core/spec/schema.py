@@ -296,8 +296,9 @@ def _from_positions(positions: dict[str, list[int]], known: list[str], depth: in
                                      f"positions count from 1 to {depth}")
             if layout[pos - 1] != DEFAULT_CORE:
                 other = layout[pos - 1]
-                raise PlacementError(("model", "positions", name, j), f"position {pos} is given to both {other!r} "
-                                     f"and {name!r}; a position runs one core")
+                why = (f"is listed twice for {name!r}; list each position once" if other == name else
+                       f"is given to both {other!r} and {name!r}; a position runs one core")
+                raise PlacementError(("model", "positions", name, j), f"position {pos} {why}")
             layout[pos - 1] = name
     return tuple(layout)
 
