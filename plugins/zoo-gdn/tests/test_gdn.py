@@ -188,3 +188,14 @@ def test_half_precision_input_is_refused_not_nan():
             core(torch.randn(1, 5, 4, dtype=dtype))
         with pytest.raises(TypeError, match="float32 or float64"):
             core.step(torch.randn(1, 4, dtype=dtype), core.init_state(1))
+
+
+@pytest.mark.parametrize("drop", ["conv", "ssm"])
+def test_a_state_without_its_keys_is_refused_naming_them(drop):
+    core = GatedDeltaNet(4, num_heads=1, head_dim=2)
+    state = core.init_state(1)
+    del state[drop]
+    with pytest.raises(ValueError, match=rf"GatedDeltaNet state lacks \['{drop}'\].*init_state"):
+        core(torch.randn(1, 3, 4), state)
+    with pytest.raises(ValueError, match=rf"GatedDeltaNet state lacks \['{drop}'\]"):
+        core.step(torch.randn(1, 4), state)

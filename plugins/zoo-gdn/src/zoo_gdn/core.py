@@ -64,6 +64,14 @@ def _l2norm(x: Tensor) -> Tensor:
     return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + _L2_EPS)
 
 
+def _check_state(state: State) -> None:
+    """A carried state must hold both parts (a KeyError deep in the forward would not say which)."""
+    missing = {"conv", "ssm"} - set(state)
+    if missing:
+        raise ValueError(f"GatedDeltaNet state lacks {sorted(missing)}: it needs conv (B, 2·h·K + h·V, conv_size − 1) "
+                         "and ssm (B, h, K, V); start from core.init_state(batch) or a state this core returned")
+
+
 def dt_bias_init(n: int) -> Tensor:
     """softplus⁻¹(Δ₀) with Δ₀ log-uniform in [1e-3, 1e-1], clamped ≥ 1e-4: (n,) float32."""
     dt = torch.exp(torch.rand(n) * (math.log(_DT_MAX) - math.log(_DT_MIN)) + math.log(_DT_MIN)).clamp(min=_DT_FLOOR)
@@ -150,6 +158,8 @@ class GatedDeltaNet(CoreBase, params=GatedDeltaNetParams):
         """x (B, L, H) -> y (B, L, H) and the state after the last step."""
         require_float(x, "GatedDeltaNet")
         B, L, _ = x.shape
+        if state is not None:
+            _check_state(state)
         qkv = self._projected(x)  # (B, L, D)
         past = qkv.new_zeros(B, qkv.shape[-1], self.conv_size - 1) if state is None else state["conv"].to(qkv.dtype)
         seq = torch.cat([past, qkv.transpose(1, 2)], -1)  # (B, D, W−1+L)
@@ -165,6 +175,7 @@ class GatedDeltaNet(CoreBase, params=GatedDeltaNetParams):
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         """x_t (B, H) -> y_t (B, H); a constant-size state."""
         require_float(x_t, "GatedDeltaNet")
+        _check_state(state)
         window = torch.cat([state["conv"].to(x_t.dtype), self._projected(x_t)[..., None]], -1)  # (B, D, W)
         weight, bias = self._conv_params()
         conv = (window * weight[:, 0]).sum(-1)  # (B, D)
