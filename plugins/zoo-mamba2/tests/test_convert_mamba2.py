@@ -147,3 +147,17 @@ def test_an_inconsistent_transformers_config_is_refused(converted, tmp_path):
     (bad / "config.json").write_text(json.dumps({**cfg, "num_heads": 7}))
     with pytest.raises(CheckpointError, match="num_heads · head_dim"):
         convert_checkpoint(bad, tmp_path / "out")
+
+
+def test_a_tied_mamba_ssm_folder_without_lm_head_converts(tmp_path):
+    """The released state-spaces/mamba2-* checkpoints tie the head to the embedding."""
+    ref = hf_lm(seed=5, layer_norm_epsilon=1e-5, tie_word_embeddings=True)
+    src = _as_mamba_ssm(ref, tmp_path / "ssm", tie_embeddings=True)
+    sd = torch.load(src / "pytorch_model.bin")
+    sd.pop("lm_head.weight", None)
+    torch.save(sd, src / "pytorch_model.bin")
+    ours = convert_checkpoint(src, tmp_path / "zoo")[2].eval()
+    assert ours.spec["model"]["tie_embeddings"] is True
+    ids = torch.randint(0, V, (1, 11), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert rel(ours(ids), ref(ids).logits) < 1e-4

@@ -144,3 +144,23 @@ def test_the_example_specs_build(name):
     """(mamba2-130m.yaml builds too, in seconds: `zoo build` it by hand; kept out of the fast suite.)"""
     assert zoo_main(["build", str(SPECS / name)]) == 0
 
+
+
+# empty sequences and incomplete states ---------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["chunked", "sequential"])
+def test_an_empty_sequence_passes_the_state_through(backend):
+    core = Mamba2(d_model=6, d_state=3, n_heads=2, chunk_size=4, backend=backend, dtype=F64)
+    _, state = core.forward_with_state(torch.randn(2, 5, 6, dtype=F64))
+    y, after = core.forward_with_state(torch.zeros(2, 0, 6, dtype=F64), state)
+    assert y.shape == (2, 0, 6) and all(torch.equal(after[k], state[k]) for k in state)
+    y, fresh = core.forward_with_state(torch.zeros(2, 0, 6, dtype=F64))
+    assert y.shape == (2, 0, 6) and {k: v.shape for k, v in fresh.items()} == {k: v.shape for k, v in state.items()}
+
+
+def test_a_state_without_its_parts_is_refused_naming_them():
+    core = Mamba2(d_model=6, d_state=3, n_heads=2, chunk_size=4)
+    state = core.init_state(1)
+    with pytest.raises(ValueError, match=r"Mamba2 state lacks \['conv'\].*init_state"):
+        core.forward_with_state(torch.randn(1, 3, 6), {"ssm": state["ssm"]})
+    with pytest.raises(ValueError, match=r"Mamba2 state lacks \['ssm'\]"):
+        core.step(torch.randn(1, 6), {"conv": state["conv"]})

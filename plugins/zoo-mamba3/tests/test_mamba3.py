@@ -327,3 +327,14 @@ def test_long_sequence_is_finite_in_float32():
     assert bool(torch.isfinite(y).all())
     y.square().mean().backward()
     assert x.grad is not None and bool(torch.isfinite(x.grad).all())
+
+
+@pytest.mark.parametrize("drop", ["x_prev", "angle"])
+def test_a_state_missing_a_part_is_refused_naming_it(drop):
+    """Without the check, a state lacking x_prev or angle silently dropped the β term or restarted the rotary."""
+    core = _core()
+    state = {k: v for k, v in core.init_state(1, dtype=F64).items() if k != drop}
+    with pytest.raises(ValueError, match=rf"Mamba3 state lacks \['{drop}'\].*init_state"):
+        core.forward_with_state(torch.randn(1, 3, 5, dtype=F64), state)
+    with pytest.raises(ValueError, match=rf"Mamba3 state lacks \['{drop}'\]"):
+        core.step(torch.randn(1, 5, dtype=F64), state)

@@ -64,6 +64,14 @@ class GatedRMSNorm(nn.Module):
         return y
 
 
+def _check_state(state: State) -> None:
+    """A carried state must hold both parts (else a KeyError deep in the forward, or in step)."""
+    missing = {"conv", "ssm"} - set(state)
+    if missing:
+        raise ValueError(f"Mamba2 state lacks {sorted(missing)}: it needs conv (B, Di + 2·G·N, d_conv − 1) and ssm "
+                         "(B, heads, head_dim, d_state); start from core.init_state(batch) or a state this core returned")
+
+
 def _refuse_half(x: Tensor, weight: Tensor) -> None:
     """Half-precision input to a float32/float64 core is refused naming the dtype."""
     if x.dtype in (torch.float16, torch.bfloat16) and x.dtype != weight.dtype:
@@ -152,6 +160,11 @@ class Mamba2(CoreBase, params=Mamba2Params):
         """x (Bt, L, H) -> y (Bt, L, H) and the state after the last step."""
         _refuse_half(x, self.in_proj.weight)
         Bt, L, _ = x.shape
+        if state is not None:
+            _check_state(state)
+        if L == 0:  # nothing to convolve (conv1d refuses an input shorter than its kernel): the state passes through
+            return x.new_zeros(Bt, 0, self.d_model), (self.init_state(Bt, device=x.device, dtype=x.dtype)
+                                                      if state is None else dict(state))
         z, xbc, dt = self._split(self.in_proj(x))
         past = (x.new_zeros(Bt, self.conv_dim, self.d_conv - 1) if state is None else state["conv"]).to(xbc.dtype)
         seq = torch.cat([past.transpose(1, 2), xbc], dim=1)  # (Bt, K−1+L, Dc)
@@ -173,6 +186,7 @@ class Mamba2(CoreBase, params=Mamba2Params):
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         """x_t (Bt, H) -> y_t (Bt, H); a constant-size state."""
         _refuse_half(x_t, self.in_proj.weight)
+        _check_state(state)
         z, xbc, dt = self._split(self.in_proj(x_t))
         window = torch.cat([state["conv"].to(xbc.dtype), xbc[..., None]], dim=-1)  # (Bt, Dc, K)
         conv = (window * self.conv1d.weight[:, 0]).sum(-1)  # (Bt, Dc)

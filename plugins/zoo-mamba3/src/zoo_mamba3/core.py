@@ -161,6 +161,8 @@ class Mamba3(CoreBase, params=Mamba3Params):
         """u (Bt, L, Dm) through ``scan``, continuing ``state``; the output and the state after."""
         require_float(u, "Mamba3")
         Bt, L, _ = u.shape
+        if state is not None:
+            self._check_state(state)
         if L == 0:
             return u.new_zeros(Bt, 0, self.d_model), (self.init_state(Bt, device=u.device, dtype=u.dtype)
                                                       if state is None else dict(state))
@@ -188,6 +190,16 @@ class Mamba3(CoreBase, params=Mamba3Params):
         """x_t (Bt, Dm) -> y_t (Bt, Dm): one update of the recurrence, whatever the backend."""
         y, new = self._run(x_t[:, None], state, trap_scan_sequential)
         return y[:, 0], new
+
+    def _check_state(self, state: State) -> None:
+        """A carried state must hold every part this configuration uses: without x_prev/B_prev or
+        angle the continuation would silently drop the trapezoid's β term or restart the rotary."""
+        needed = {"ssm"} | ({"x_prev", "B_prev"} if self.use_trapezoidal else set()) | ({"angle"} if self.use_rope else set())
+        missing = needed - set(state)
+        if missing:
+            raise ValueError(f"Mamba3 state lacks {sorted(missing)}: this core (use_trapezoidal={self.use_trapezoidal}, "
+                             f"use_rope={self.use_rope}) carries {sorted(needed)}; start from core.init_state(batch) "
+                             "or a state this core returned")
 
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
         w = self.in_proj.weight
