@@ -305,28 +305,15 @@ def _jv_spec() -> dict:
 
 
 @pytest.mark.requires("aeon")
-def test_train_eval_adaptive_and_stream_on_japanese_vowels(tmp_path, capsys):
+def test_train_eval_adaptive_and_stream_on_japanese_vowels(tmp_path):
     """zoo train (padded batches, shared depth with damping), zoo eval with adaptive depth, and zoo
-    stream of the windowed core: constant streaming state, step = parallel."""
-    import json
+    stream of the windowed core: constant streaming state, step = parallel (zoo_core.testing.workflows)."""
+    from zoo_core.testing.workflows import check_workflows
 
-    import yaml
-
-    from zoo_core.cli.train import main
-    from zoo_core.cli.zoo import main as zoo_main
-
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(_jv_spec()))
-    out = tmp_path / "run"
-    assert main(["train", str(spec), "-o", str(out), "--plain"]) == 0
-    assert "JapaneseVowels: test accuracy" in capsys.readouterr().out
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert main(["eval", metrics["seeds"][0]["model_dir"], "--adaptive", "--max-depth", "4", "--epsilon", "0.05"]) == 0
-    shown = json.loads(capsys.readouterr().out)
-    assert shown["fixed_depth"]["accuracy"] == metrics["seeds"][0]["test"]["accuracy"]
-    assert zoo_main(["stream", str(spec), "--dataset", "japanesevowels", "--index", "3"]) == 0
-    shown = capsys.readouterr().out
-    assert "agreement        : OK" in shown and "independent of sequence length" in shown  # the ring buffer
+    spec = _jv_spec()["model"]
+    shown = check_workflows(spec["core"], tmp_path, depth=spec["depth"], stacking=spec["stacking"], block=spec["block"],
+                            max_depth=4)
+    assert "independent of sequence length" in shown["stream"]  # the ring buffer
 
 
 def test_input_reshaping_streams_like_the_parallel_model():

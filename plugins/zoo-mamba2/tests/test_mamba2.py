@@ -5,20 +5,16 @@ the zoo's workflows (one epoch of `zoo train` on JapaneseVowels, `zoo eval --ada
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from zoo_core.build import build_model
-from zoo_core.cli.train import main
 from zoo_core.cli.zoo import main as zoo_main
 from zoo_core.errors import CoreArgumentError
-from zoo_core.factory import load_pretrained
-from zoo_core.io.pretrained import save_pretrained
 from zoo_core.nn.model import rescale_sampling_rate
+from zoo_core.testing.workflows import check_workflows
 from zoo_mamba2.core import Mamba2
 
 F64 = torch.float64
@@ -106,37 +102,21 @@ def test_chunked_streaming_in_pieces_that_straddle_chunks_equals_the_whole():
 
 
 # the zoo's workflows --------------------------------------------------------------------------------
-def _spec(epochs: int = 1) -> dict:
+def _spec() -> dict:
     return {"schema_version": 1, "name": "mamba2-jv-smoke",
             "task": {"kind": "classification", "classes": 9}, "input": {"channels": 12},
             "model": {"d_model": 8, "depth": 2, "stacking": {"policy": "periodic", "period": 1, "damping": 0.5},
                       "block": {"norm": "rms", "prenorm": True, "activation": "identity", "output": "none",
                                 "residual": True, "dropout": 0.0},
                       "core": {"kind": "mamba2", "d_state": 4, "n_heads": 4, "chunk_size": 8}},
-            "training": {"dataset": "JapaneseVowels", "protocol": "seed-split", "epochs": epochs, "batch_size": 64,
+            "training": {"dataset": "JapaneseVowels", "protocol": "seed-split", "epochs": 1, "batch_size": 64,
                          "lr": 3e-3}}
 
 
-def test_train_eval_and_stream_on_japanese_vowels(tmp_path, capsys):
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(_spec()))
-    out = tmp_path / "run"
-    assert main(["train", str(spec), "-o", str(out), "--plain"]) == 0
-    assert "JapaneseVowels: test accuracy" in capsys.readouterr().out
-    metrics = json.loads((out / "metrics.json").read_text())
-    model_dir = metrics["seeds"][0]["model_dir"]
-    assert main(["eval", model_dir, "--adaptive", "--max-depth", "3", "--epsilon", "0.05"]) == 0
-    shown = json.loads(capsys.readouterr().out)
-    assert shown["fixed_depth"]["accuracy"] == metrics["seeds"][0]["test"]["accuracy"]
-    assert zoo_main(["stream", str(spec), "--dataset", "japanesevowels", "--index", "3"]) == 0
-    assert capsys.readouterr().out.strip()
-
-
-def test_save_load_round_trip(tmp_path):
-    model = build_model({k: v for k, v in _spec().items() if k != "training"}, seed=0)
-    x = torch.randn(2, 13, 12)
-    save_pretrained(model, tmp_path / "m")
-    torch.testing.assert_close(load_pretrained(tmp_path / "m")(x), model(x))
+@pytest.mark.requires("aeon")
+def test_train_eval_stream_and_save_load_on_japanese_vowels(tmp_path):
+    """zoo_core.testing.workflows, with one block shared across depth and damped (α = 0.5)."""
+    check_workflows(_spec()["model"]["core"], tmp_path, stacking=_spec()["model"]["stacking"])
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in SPECS.glob("*.yaml") if "130m" not in p.name))

@@ -1,18 +1,17 @@
 """The zoo's workflows on an RG-LRU model: one epoch of `zoo train` on JapaneseVowels, `zoo eval`
-with adaptive depth, `zoo stream` (step by step = the parallel forward), and every example spec builds."""
+with adaptive depth, `zoo stream` (step by step = the parallel forward) and save/load
+(zoo_core.testing.workflows), reshaped input streaming, and every example spec builds."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from zoo_core.build import build_model
-from zoo_core.cli.train import main
 from zoo_core.cli.zoo import main as zoo_main
+from zoo_core.testing.workflows import check_workflows
 
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = {
@@ -26,20 +25,9 @@ SPEC = {
 }
 
 
-def test_train_eval_and_stream_on_japanese_vowels(tmp_path, capsys):
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(SPEC))
-    out = tmp_path / "run"
-    assert main(["train", str(spec), "-o", str(out), "--plain"]) == 0
-    assert "JapaneseVowels: test accuracy" in capsys.readouterr().out
-    metrics = json.loads((out / "metrics.json").read_text())
-    model_dir = metrics["seeds"][0]["model_dir"]
-    assert main(["eval", model_dir, "--adaptive", "--max-depth", "3", "--epsilon", "0.05"]) == 0
-    shown = json.loads(capsys.readouterr().out)
-    assert shown["fixed_depth"]["accuracy"] == metrics["seeds"][0]["test"]["accuracy"]
-    assert 1 <= shown["adaptive"]["min_depth"] <= shown["adaptive"]["max_depth"] <= 3
-    assert zoo_main(["stream", str(spec), "--dataset", "japanesevowels", "--index", "3"]) == 0
-    assert capsys.readouterr().out.strip()
+@pytest.mark.requires("aeon")
+def test_train_eval_stream_and_save_load_on_japanese_vowels(tmp_path):
+    check_workflows(SPEC["model"]["core"], tmp_path)
 
 
 def test_reshaped_input_streams_like_the_parallel_forward():
