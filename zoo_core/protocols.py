@@ -186,3 +186,24 @@ def require_float(x: Tensor, who: str) -> None:
             f"half-precision path); got {x.dtype} input: cast it with x.float(), or keep autocast "
             "away from SSM layers"
         )
+
+
+def require_state_keys(who: str, state: Mapping[str, Any], parts: Mapping[str, str], config: str = "") -> None:
+    """Refuse a carried state lacking a part the core needs, naming the missing parts, what each
+    part is, and how to make a state; instead of a KeyError deep in the forward, or a continuation
+    that silently restarts what the missing part carried.
+
+    Args:
+        who: the core's name, for the message ("Mamba2").
+        state: the carried state.
+        parts: every part the core needs -> what it is (its shape), e.g. ``{"ssm": "(B, H, P, N)"}``.
+        config: the settings that decide which parts are needed, when some are optional
+            ("use_rope=True"); said in the message.
+    """
+    missing = sorted(set(parts) - set(state))
+    if missing:
+        named = [f"{k} {v}".rstrip() for k, v in parts.items()]
+        needs = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+        setting = f" with {config}" if config else ""
+        raise ValueError(f"{who} state lacks {missing}: this core{setting} needs {needs}; start from "
+                         "core.init_state(batch) or a state this core returned")

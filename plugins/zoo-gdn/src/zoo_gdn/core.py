@@ -28,8 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
+from zoo_core.kernels.short_conv import causal_conv, causal_conv_step
 from zoo_core.plugin_registry import Problem
-from zoo_core.protocols import OptimHint, State, require_float
+from zoo_core.protocols import OptimHint, State, require_float, require_state_keys
 
 from .ops import gated_delta_step
 from .params import GatedDeltaNetParams
@@ -64,12 +65,7 @@ def _l2norm(x: Tensor) -> Tensor:
     return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + _L2_EPS)
 
 
-def _check_state(state: State) -> None:
-    """A carried state must hold both parts (a KeyError deep in the forward would not say which)."""
-    missing = {"conv", "ssm"} - set(state)
-    if missing:
-        raise ValueError(f"GatedDeltaNet state lacks {sorted(missing)}: it needs conv (B, 2·h·K + h·V, conv_size − 1) "
-                         "and ssm (B, h, K, V); start from core.init_state(batch) or a state this core returned")
+_STATE_PARTS = {"conv": "(B, 2·h·K + h·V, conv_size − 1)", "ssm": "(B, h, K, V)"}
 
 
 def dt_bias_init(n: int) -> Tensor:
@@ -157,35 +153,28 @@ class GatedDeltaNet(CoreBase, params=GatedDeltaNetParams):
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         """x (B, L, H) -> y (B, L, H) and the state after the last step."""
         require_float(x, "GatedDeltaNet")
-        B, L, _ = x.shape
         if state is not None:
-            _check_state(state)
-        qkv = self._projected(x)  # (B, L, D)
-        past = qkv.new_zeros(B, qkv.shape[-1], self.conv_size - 1) if state is None else state["conv"].to(qkv.dtype)
-        seq = torch.cat([past, qkv.transpose(1, 2)], -1)  # (B, D, W−1+L)
+            require_state_keys("GatedDeltaNet", state, _STATE_PARTS)
         weight, bias = self._conv_params()
-        conv = F.conv1d(seq, weight, bias, groups=qkv.shape[-1]).transpose(1, 2)  # (B, L, D)
+        conv, past = causal_conv(self._projected(x), weight, bias, None if state is None else state["conv"])  # (B, L, D)
         q, k, v, beta, g = self._heads(conv, x)
         h0 = None if state is None else state["ssm"]
         op = cast(GatedDeltaOp, self.ops.scan)
         o, S = op(q, k, v, beta, g, h0, chunk_size=self.chunk_size)  # (B, L, h, V), (B, h, K, V)
-        return self._output(o, x), {"conv": seq[..., L:].contiguous(), "ssm": S}
+        return self._output(o, x), {"conv": past, "ssm": S}
 
     # streaming ---------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         """x_t (B, H) -> y_t (B, H); a constant-size state."""
         require_float(x_t, "GatedDeltaNet")
-        _check_state(state)
-        window = torch.cat([state["conv"].to(x_t.dtype), self._projected(x_t)[..., None]], -1)  # (B, D, W)
+        require_state_keys("GatedDeltaNet", state, _STATE_PARTS)
         weight, bias = self._conv_params()
-        conv = (window * weight[:, 0]).sum(-1)  # (B, D)
-        if bias is not None:
-            conv = conv + bias
+        conv, past = causal_conv_step(self._projected(x_t), weight, bias, state["conv"])  # (B, D)
         q, k, v, beta, g = self._heads(conv, x_t)
         S = state["ssm"]
         dt = S.dtype
         o, S = gated_delta_step(q.to(dt), k.to(dt), v.to(dt), beta.to(dt), g.to(dt), S)  # (B, h, V), (B, h, K, V)
-        return self._output(o, x_t), {"conv": window[..., 1:].contiguous(), "ssm": S}
+        return self._output(o, x_t), {"conv": past, "ssm": S}
 
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
         w = self.q_proj.weight

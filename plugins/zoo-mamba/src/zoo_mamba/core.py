@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
+from zoo_core.kernels.short_conv import causal_conv, causal_conv_step
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import OptimHint, State
 
@@ -146,33 +147,27 @@ class Mamba(CoreBase, params=MambaParams):
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         """x (Bt, L, H) -> y (Bt, L, H) and the state after the last step."""
         _refuse_half(x, self.in_proj.weight)
-        Bt, L, _ = x.shape
         xi, z = self.in_proj(x).chunk(2, dim=-1)  # (Bt, L, Di) each
-        past = (x.new_zeros(Bt, self.d_inner, self.d_conv - 1) if state is None else state["conv"]).to(xi.dtype)
-        seq = torch.cat([past, xi.transpose(1, 2)], dim=-1)  # (Bt, Di, K−1+L)
-        xc = F.conv1d(seq, self.conv1d.weight, self.conv1d.bias, groups=self.d_inner)  # (Bt, Di, L)
-        u = F.silu(xc).transpose(1, 2)  # (Bt, L, Di)
+        xc, past = causal_conv(xi, self.conv1d.weight, self.conv1d.bias, None if state is None else state["conv"])
+        u = F.silu(xc)  # (Bt, L, Di)
         delta, B, C = self._dt_B_C(u)
         h0 = None if state is None else state["ssm"]
         y, h = self.ops.selective_scan(u, delta, self.A(), B, C, self.D, h0)  # (Bt, L, Di), (Bt, Di, N)
         out = self.out_proj(y * F.silu(z))  # (Bt, L, H)
-        return out, {"conv": seq[..., L:].contiguous(), "ssm": h}  # a copy: no view pins seq
+        return out, {"conv": past, "ssm": h}
 
     # streaming ---------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         """x_t (Bt, H) -> y_t (Bt, H); a constant-size state."""
         _refuse_half(x_t, self.in_proj.weight)
         xi, z = self.in_proj(x_t).chunk(2, dim=-1)  # (Bt, Di) each
-        window = torch.cat([state["conv"].to(xi.dtype), xi[..., None]], dim=-1)  # (Bt, Di, K)
-        xc = (window * self.conv1d.weight[:, 0]).sum(-1)  # (Bt, Di)
-        if self.conv1d.bias is not None:
-            xc = xc + self.conv1d.bias
+        xc, past = causal_conv_step(xi, self.conv1d.weight, self.conv1d.bias, state["conv"])  # (Bt, Di)
         u = F.silu(xc)
         delta, B, C = self._dt_B_C(u)
         B = B[:, None] if self.tv_B else B  # (Bt, 1, N) | (Di, N)
         C = C[:, None] if self.tv_C else C
         y, h = selective_step(u, delta, self.A(), B, C, self.D, state["ssm"])  # (Bt, Di), (Bt, Di, N)
-        return self.out_proj(y * F.silu(z)), {"conv": window[..., 1:].contiguous(), "ssm": h}
+        return self.out_proj(y * F.silu(z)), {"conv": past, "ssm": h}
 
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
         w = self.in_proj.weight

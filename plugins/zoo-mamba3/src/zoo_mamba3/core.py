@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
 from zoo_core.plugin_registry import Problem
-from zoo_core.protocols import OptimHint, State, require_float
+from zoo_core.protocols import OptimHint, State, require_float, require_state_keys
 
 from .params import Mamba3Params, resolve_heads
 from .scan import TrapScanOp, trap_scan_sequential
@@ -162,7 +162,8 @@ class Mamba3(CoreBase, params=Mamba3Params):
         require_float(u, "Mamba3")
         Bt, L, _ = u.shape
         if state is not None:
-            self._check_state(state)
+            require_state_keys("Mamba3", state, self._state_parts(),
+                               f"use_trapezoidal={self.use_trapezoidal}, use_rope={self.use_rope}")
         if L == 0:
             return u.new_zeros(Bt, 0, self.d_model), (self.init_state(Bt, device=u.device, dtype=u.dtype)
                                                       if state is None else dict(state))
@@ -191,15 +192,15 @@ class Mamba3(CoreBase, params=Mamba3Params):
         y, new = self._run(x_t[:, None], state, trap_scan_sequential)
         return y[:, 0], new
 
-    def _check_state(self, state: State) -> None:
-        """A carried state must hold every part this configuration uses: without x_prev/B_prev or
+    def _state_parts(self) -> dict[str, str]:
+        """Every part a carried state must hold in this configuration: without x_prev/B_prev or
         angle the continuation would silently drop the trapezoid's β term or restart the rotary."""
-        needed = {"ssm"} | ({"x_prev", "B_prev"} if self.use_trapezoidal else set()) | ({"angle"} if self.use_rope else set())
-        missing = needed - set(state)
-        if missing:
-            raise ValueError(f"Mamba3 state lacks {sorted(missing)}: this core (use_trapezoidal={self.use_trapezoidal}, "
-                             f"use_rope={self.use_rope}) carries {sorted(needed)}; start from core.init_state(batch) "
-                             "or a state this core returned")
+        parts = {"ssm": "(B, H, P, N)"}
+        if self.use_trapezoidal:
+            parts.update(x_prev="(B, H, P)", B_prev="(B, H, N)")
+        if self.use_rope:
+            parts["angle"] = "(B, H, N/2)"
+        return parts
 
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
         w = self.in_proj.weight

@@ -33,8 +33,9 @@ from torch import Tensor, nn
 from torch.nn.utils import skip_init
 
 from zoo_core.corebase import CoreBase, runs_path
+from zoo_core.kernels.short_conv import causal_conv, causal_conv_step
 from zoo_core.plugin_registry import Problem
-from zoo_core.protocols import State, require_float
+from zoo_core.protocols import State, require_float, require_state_keys
 
 from .params import RGLRUParams
 
@@ -72,11 +73,7 @@ def lambda_init(width: int, c: float, a_min: float, a_max: float, how: str) -> T
     return log_a - torch.log(-torch.expm1(log_a))  # logit(a) = log a − log(1 − a)
 
 
-def _check_state(state: State) -> None:
-    missing = {"conv", "h", "start"} - set(state)
-    if missing:
-        raise ValueError(f"RGLRU state lacks {sorted(missing)}: it needs conv (B, W, K−1), h (B, W) and start (B,; 1 where "
-                         "a document begins); start from core.init_state(batch) or a state this core returned")
+_STATE_PARTS = {"conv": "(B, W, K−1)", "h": "(B, W)", "start": "(B,; 1 where a document begins)"}
 
 
 class RGLRU(CoreBase, params=RGLRUParams):
@@ -171,19 +168,13 @@ class RGLRU(CoreBase, params=RGLRUParams):
     def _y_branch(self, u: Tensor) -> Tensor:
         return F.gelu(self.linear_y(u), approximate=self.gelu_approximate)  # (..., W)
 
-    def _conv(self, x: Tensor, past: Tensor) -> tuple[Tensor, Tensor]:
-        """Causal depthwise conv of x (B, L, W) after ``past`` (B, W, K−1): (B, L, W), the new past."""
-        seq = torch.cat([past.to(x.dtype), x.transpose(1, 2)], -1)  # (B, W, K−1+L)
-        out = F.conv1d(seq, self.conv_1d.weight, self.conv_1d.bias, groups=self.lru_width)  # (B, W, L)
-        return out.transpose(1, 2), seq[..., x.shape[1]:].contiguous()  # a copy: no view pins seq
-
     # sequence ----------------------------------------------------------------------------------
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         """u (B, L, H) -> out (B, L, H) and the state after the last step."""
         require_float(x, "RGLRU")
         if state is None:
             state = self.init_state(x.shape[0], device=x.device, dtype=x.dtype)
-        _check_state(state)
+        require_state_keys("RGLRU", state, _STATE_PARTS)
         y: Tensor
         new: State
         y, new = self.run_path(x, state)
@@ -191,7 +182,7 @@ class RGLRU(CoreBase, params=RGLRUParams):
 
     @runs_path("recurrent")
     def _recurrent(self, u: Tensor, state: State) -> tuple[Tensor, State]:
-        xc, past = self._conv(self.linear_x(u), state["conv"])  # (B, L, W)
+        xc, past = causal_conv(self.linear_x(u), self.conv_1d.weight, self.conv_bias, state["conv"])  # (B, L, W)
         a, b = self.transition(xc, state["start"])  # (B, L, W) each
         h, h_last = self.ops.scan(a, b, state["h"])  # (B, L, W), (B, W)
         out = self.linear_out(h.to(u.dtype) * self._y_branch(u))  # (B, L, H)
@@ -209,12 +200,11 @@ class RGLRU(CoreBase, params=RGLRUParams):
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         """u_t (B, H) -> out_t (B, H); a constant-size state."""
         require_float(x_t, "RGLRU")
-        window = torch.cat([state["conv"].to(x_t.dtype), self.linear_x(x_t)[..., None]], -1)  # (B, W, K)
-        xc = (window * self.conv_1d.weight[:, 0]).sum(-1) + self.conv_bias  # (B, W)
+        xc, past = causal_conv_step(self.linear_x(x_t), self.conv_1d.weight, self.conv_bias, state["conv"])  # (B, W)
         a, b = self.transition(xc[:, None], state["start"])  # (B, 1, W) each
         h = a[:, 0] * state["h"] + b[:, 0]  # (B, W)
         out = self.linear_out(h.to(x_t.dtype) * self._y_branch(x_t))  # (B, H)
-        return out, {"conv": window[..., 1:].contiguous(), "h": h, "start": torch.zeros_like(state["start"])}
+        return out, {"conv": past, "h": h, "start": torch.zeros_like(state["start"])}
 
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
         w = self.Lambda
