@@ -52,3 +52,37 @@ def test_strong_decay_stays_finite_in_float32():
         y, h = ssd_chunked(ins["x"].float(), ins["dt"].float() * 50, ins["A"].float() * 10, ins["B"].float(),
                            ins["C"].float(), 256)
     assert torch.isfinite(y).all() and torch.isfinite(h).all()
+
+
+def _rel(out, ref):
+    return ((out.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+@pytest.mark.parametrize("L,Q", [(1024, 64), (256, 256)])
+def test_float32_keeps_its_precision_after_strong_decay(L, Q):
+    """Strong decay (Δ·A = −16 a step) for the first half, then almost none (Δ = 1e-3): a cumulative
+    sum over the sequence (or over one long chunk) reaches thousands, and differences of it lost
+    the small decays of the second half to rounding (1e-4 relative error in float32). The segment
+    sums must be formed on their own: float32 chunked within 2e-5 of the float64 recurrence."""
+    Hh = 2
+    ins = _inputs(1, L, Hh, 3, 1, 4, seed=5, h0=False)
+    dt = torch.full((1, L, Hh), 1.0, dtype=F64)
+    dt[:, L // 2:] = 1e-3
+    A = torch.full((Hh,), -16.0, dtype=F64)
+    with torch.no_grad():
+        y_ref, h_ref = ssd_sequential(ins["x"], dt, A, ins["B"], ins["C"], Q)
+        y, h = ssd_chunked(ins["x"].float(), dt.float(), A.float(), ins["B"].float(), ins["C"].float(), Q)
+    half = L // 2
+    errors = {"y, strong half": _rel(y[:, :half], y_ref[:, :half]), "y, weak half": _rel(y[:, half:], y_ref[:, half:]),
+              "final state": _rel(h, h_ref)}
+    assert max(errors.values()) < 2e-5, errors
+
+
+def test_a_second_order_gradient_is_refused_by_name():
+    """The within-chunk backward works in place: differentiating it again must say so, not fail
+    later on a tensor 'modified by an inplace operation'."""
+    ins = _inputs(1, 6, 2, 3, 1, 4, seed=2, h0=False)
+    y, _ = ssd_chunked(ins["x"], ins["dt"], ins["A"], ins["B"], ins["C"], 4)
+    (gx,) = torch.autograd.grad(y.square().sum(), ins["x"], create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        gx.sum().backward()

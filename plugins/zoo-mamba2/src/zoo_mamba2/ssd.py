@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 
 class SSDOp(Protocol):
@@ -65,41 +66,61 @@ def _chunks(t: Tensor, Q: int, pad: int) -> Tensor:
     return t.view(Bt, Lp // Q, Q, K, D).permute(0, 3, 1, 2, 4)
 
 
-def _segsum_exp(cs: Tensor) -> Tensor:
-    """exp(cs_l − cs_s) for s ≤ l and 0 above the diagonal: cs (..., Q) -> (..., Q, Q).
+def _decay_within(a: Tensor) -> Tensor:
+    """exp(a_{s+1} + … + a_l) for s ≤ l and 0 above the diagonal: a (..., Q) -> (..., Q, Q).
 
-    Differences of a cumulative sum (one subtraction, masked before exp so nothing overflows)."""
-    Q = cs.shape[-1]
-    keep = torch.ones(Q, Q, dtype=torch.bool, device=cs.device).tril()
-    diff = cs[..., :, None] - cs[..., None, :]  # (..., Q, Q)
-    return torch.exp(diff.masked_fill(~keep, float("-inf")))
+    A running product of the per-step decays down each column, never exp(cs_l − cs_s): in float32 a
+    cumulative sum of strong decay is large (−4096 after 256 steps of Δ·A = −16) and the difference
+    of two such loses the small segment in their rounding (1e-4 relative error in y). Products of
+    factors in (0, 1] stay within a few ulps per step, as the recurrence itself does, and need Q
+    exps instead of Q² (half the time of the old differences)."""
+    Q = a.shape[-1]
+    ones = torch.ones(Q, Q, dtype=torch.bool, device=a.device)
+    d = torch.where(ones.tril(-1), torch.exp(a)[..., :, None], 1.0)  # (..., Q, Q): row l is exp(a_l) below the diagonal
+    torch.cumprod(d, dim=-2, out=d)  # [l, s] = Π_{s<k≤l} exp(a_k) for s ≤ l (1 on the diagonal)
+    return d.masked_fill_(ones.triu(1), 0.0)
+
+
+def _segsum(v: Tensor) -> Tensor:
+    """v_{j+1} + … + v_i for j ≤ i and −inf above the diagonal: v (..., T) -> (..., T, T).
+
+    Each segment summed on its own (a masked cumulative sum, as transformers' Mamba-2 torch path
+    does), not as a difference of two whole-sequence cumulative sums, which in float32 loses the
+    segment once the sum is large. O(T²) per head, T = chunks + 1 is small; autograd differentiates it."""
+    T = v.shape[-1]
+    ones = torch.ones(T, T, dtype=torch.bool, device=v.device)
+    seg = v[..., :, None].expand(*v.shape, T).masked_fill(~ones.tril(-1), 0.0).cumsum(dim=-2)
+    return seg.masked_fill(ones.triu(1), float("-inf"))
 
 
 class _WithinChunks(torch.autograd.Function):
-    """y = (C·Bᵀ ⊙ exp(segsum(cs))) @ (Δx) per chunk, keeping only C·Bᵀ, cs and Δx for backward.
+    """y = (C·Bᵀ ⊙ decay(a)) @ (Δx) per chunk, keeping only C·Bᵀ, a and Δx for backward.
 
     Autograd over the three products kept two more (…, Q, Q) tensors per head (the decay mask
-    and the masked product); this recomputes the mask in backward (one exp), which keeps the
-    peak memory of a long fwd+bwd below transformers' chunked torch path."""
+    and the masked product); this recomputes the mask in backward (Q exps and a running product),
+    which keeps the peak memory of a long fwd+bwd below transformers' chunked torch path. Its
+    backward works in place, so it is differentiable once (a second order raises, saying so)."""
 
     @staticmethod
-    def forward(ctx: Any, CB: Tensor, cs: Tensor, X: Tensor) -> Tensor:
-        """CB (Bt, G, 1, Nc, Q, Q), cs (Bt, Hh, Nc, Q), X (Bt, G, Hh/G, Nc, Q, P) -> (Bt, G, Hh/G, Nc, Q, P)."""
-        M = _segsum_exp(cs).view(*X.shape[:-1], X.shape[-2]).mul_(CB)  # (Bt, G, Hh/G, Nc, Q, Q)
-        ctx.save_for_backward(CB, cs, X)
+    def forward(ctx: Any, CB: Tensor, a: Tensor, X: Tensor) -> Tensor:
+        """CB (Bt, G, 1, Nc, Q, Q), a (Bt, Hh, Nc, Q), X (Bt, G, Hh/G, Nc, Q, P) -> (Bt, G, Hh/G, Nc, Q, P)."""
+        M = _decay_within(a).view(*X.shape[:-1], X.shape[-2]).mul_(CB)  # (Bt, G, Hh/G, Nc, Q, Q)
+        ctx.save_for_backward(CB, a, X)
         return M @ X
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, dY: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        CB, cs, X = ctx.saved_tensors
-        decay = _segsum_exp(cs).view(*X.shape[:-1], X.shape[-2])  # (Bt, G, Hh/G, Nc, Q, Q)
+        CB, a, X = ctx.saved_tensors
+        decay = _decay_within(a).view(*X.shape[:-1], X.shape[-2])  # (Bt, G, Hh/G, Nc, Q, Q)
         dM = dY @ X.transpose(-1, -2)  # (Bt, G, Hh/G, Nc, Q, Q)
         dCB = (dM * decay).sum(2, keepdim=True)  # the heads of a group share C·Bᵀ
         M = decay.mul_(CB)
         dX = M.transpose(-1, -2) @ dY
-        dS = dM.mul_(M)  # d(cs_l − cs_s), zero above the diagonal
-        dcs = (dS.sum(-1) - dS.sum(-2)).view_as(cs)
-        return dCB, dcs, dX
+        dS = dM.mul_(M)  # d(log decay[l, s]) = d(cs_l − cs_s), zero above the diagonal
+        dcs = (dS.sum(-1) - dS.sum(-2)).view_as(a)
+        da = dcs.flip(-1).cumsum(-1).flip(-1)  # a_k is in every segment s < k ≤ l: Σ_{l≥k} dcs_l
+        return dCB, da, dX
 
 
 def ssd_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int,
@@ -116,24 +137,26 @@ def ssd_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_si
     pad = (-L) % Q
     a = (dt * A)[..., None]  # (Bt, L, Hh, 1)
     xdt = _chunks(x * dt[..., None], Q, pad)  # (Bt, Hh, Nc, Q, P)
-    cs = torch.cumsum(_chunks(a, Q, pad)[..., 0], dim=-1)  # (Bt, Hh, Nc, Q)
+    ac = _chunks(a, Q, pad)[..., 0].contiguous()  # (Bt, Hh, Nc, Q): per-step log-decays
+    cs = torch.cumsum(ac, dim=-1)  # (Bt, Hh, Nc, Q): from each chunk's start (never differenced)
     Bc, Cc = _chunks(B, Q, pad), _chunks(C, Q, pad)  # (Bt, G, Nc, Q, N)
     Nc = cs.shape[2]
     grouped = (Bt, G, Hh // G, Nc, Q)  # heads split as (group, head within group): broadcast B, C
 
-    # 1. within chunks: y_l = Σ_{s≤l} (C_l·B_s) exp(cs_l − cs_s) Δ_s x_s
+    # 1. within chunks: y_l = Σ_{s≤l} (C_l·B_s) exp(a_{s+1} + … + a_l) Δ_s x_s
     CB = (Cc @ Bc.transpose(-1, -2))[:, :, None]  # (Bt, G, 1, Nc, Q, Q), per group, not per head
-    y = _WithinChunks.apply(CB, cs, xdt.view(*grouped, P))  # (Bt, G, Hh/G, Nc, Q, P)
+    y = _WithinChunks.apply(CB, ac, xdt.view(*grouped, P))  # (Bt, G, Hh/G, Nc, Q, P)
 
-    # 2. each chunk's own contribution to the state at its end: Σ_s exp(cs_end − cs_s) Δ_s x_s ⊗ B_s
-    to_end = torch.exp(cs[..., -1:] - cs)  # (Bt, Hh, Nc, Q)
+    # 2. each chunk's own contribution to the state at its end: Σ_s exp(a_{s+1} + … + a_Q) Δ_s x_s ⊗ B_s
+    after = F.pad(ac[..., 1:], (0, 1)).flip(-1).cumsum(-1).flip(-1)  # (Bt, Hh, Nc, Q): summed from the end
+    to_end = torch.exp(after)  # (Bt, Hh, Nc, Q)
     own = (xdt * to_end[..., None]).view(*grouped, P).transpose(-1, -2) @ Bc[:, :, None]  # (Bt, G, Hh/G, Nc, P, N)
 
     # 3. across chunks: the state entering each chunk, H_in[c] = Σ_{z≤c} exp(Σ totals of z..c−1) own[z−1]
     first = x.new_zeros(Bt, Hh, P, N) if h0 is None else h0.to(x.dtype)  # (Bt, Hh, P, N)
     states = torch.cat([first[:, :, None], own.reshape(Bt, Hh, Nc, P, N)], dim=2)  # (Bt, Hh, Nc+1, P, N)
     totals = F.pad(cs[..., -1], (1, 0))  # (Bt, Hh, Nc+1): log-decay across each chunk (0 for h0)
-    across = _segsum_exp(torch.cumsum(totals, -1))  # (Bt, Hh, Nc+1, Nc+1)
+    across = torch.exp(_segsum(totals))  # (Bt, Hh, Nc+1, Nc+1)
     passed = (across @ states.flatten(-2)).view(Bt, Hh, Nc + 1, P, N)  # state after each chunk boundary
     h_in, h_last = passed[:, :, :-1], passed[:, :, -1]  # (Bt, Hh, Nc, P, N), (Bt, Hh, P, N)
 
