@@ -43,15 +43,15 @@ LAYER_SIZES: dict[str, dict[str, Any]] = {
     "lrcssm": {"lengths": (256, 1024, 4096), "sizes": {"H": 64, "N": 64}, "batches": (4, 32), "threads": 1,
                "report": "REPORT_LRCSSM.md", "peer": "sequential"},
     # Gated DeltaNet: 4 heads, K 16, V 32 (the core's defaults; N is unused), chunk 64; peer: fla's naive chunked op
-    "gdn": {"lengths": (1024, 4096), "sizes": {"B": 8, "H": 64, "N": 16}, "peer": "fla naive chunk"},
+    "gdn": {"report": "REPORT_FAMILIES.md", "lengths": (1024, 4096), "sizes": {"B": 8, "H": 64, "N": 16}, "peer": "fla naive chunk"},
     # Mamba-2: 2 heads of 64 (head_dim gcd(2H, 64)), one group, chunk 256; the peer is transformers' torch path
-    "mamba2": {"lengths": (256, 1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}, "peer": "transformers"},
+    "mamba2": {"report": "REPORT_FAMILIES.md", "lengths": (256, 1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}, "peer": "transformers"},
     # attention: the explicit softmax (naive, the reference and peer column) against sdpa; 4 heads of 16, no window
-    "attention": {"lengths": (1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}, "peer": "attention=naive"},
+    "attention": {"report": "REPORT_FAMILIES.md", "lengths": (1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}, "peer": "attention=naive"},
     # Mamba-3 (SISO): the chunked scan against the sequential reference (the peer column); 2 heads of 64
-    "mamba3": {"lengths": (1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}, "peer": "scan=mamba3-sequential"},
+    "mamba3": {"report": "REPORT_FAMILIES.md", "lengths": (1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}, "peer": "scan=mamba3-sequential"},
     # RG-LRU (Hawk block): lru_width = H = 64, one head (the core's defaults; N is unused); peer: transformers' block
-    "rglru": {"lengths": (1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}, "peer": "transformers"},
+    "rglru": {"report": "REPORT_FAMILIES.md", "lengths": (1024, 4096), "sizes": {"B": 8, "H": 64, "N": 64}, "peer": "transformers"},
 }
 LAYER_PEERS: dict[str, Callable[[], list[Impl]]] = {
     "s4d": peers.s4d_straightforward, "s5": peers.s5_peers, "mamba": peers.mamba_peers, "lrcssm": peers.lrcssm_peers,

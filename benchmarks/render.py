@@ -175,6 +175,14 @@ REPORTS: dict[str, ReportSpec] = {s.name: s for s in (
                                      ("FLOPs vs fixed-6",
                                       lambda r: f"{r['flops_ratio']:.2f}×" if "flops_ratio" in r else None))},
                order=("ABCDEF-final", "AAAAAA-final", "AAAAAA-blockwise", "fixed-6", "adaptive", "fixed-2 (AA)")),
+    ReportSpec("REPORT_FAMILIES.md", "The 2026 families (Mamba-2, RG-LRU, Gated DeltaNet, Mamba-3) and the attention "
+               "baseline: each fast path against its peer and its sequential reference", "families.jsonl",
+               (f"{RUN} mamba2/layer rglru/layer gdn/layer mamba3/layer attention/layer --L 1024 --repeats 3 "
+                "--max-call-s 60 --out benchmarks/results/families.jsonl",
+                f"{RUN} mamba2/layer rglru/layer gdn/layer mamba3/layer attention/layer --L 4096 --repeats 3 "
+                "--impls 'scan=ssd-chunked' transformers auto 'scan=gdn-chunked' 'fla naive chunk' "
+                "'scan=mamba3-chunked' 'zoo mamba2*' 'attention=sdpa' --out benchmarks/results/families.jsonl"),
+               peers={}, sections=((("layer",), "One layer per family (B=8, H=64)"), (("memory",), "Peak memory"))),
     ReportSpec("REPORT_CORES.md", "Every other core: each backend combination the registry serves", "cores.jsonl",
                (f"{RUN} s5-bidirectional --out benchmarks/results/cores.jsonl  # and any core without a report",),
                peers={}, sections=((("layer",), "One layer per core"), (("memory",), "Peak memory"))),
