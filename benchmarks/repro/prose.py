@@ -207,7 +207,10 @@ def CLAIMS(g: Any, ad: list[dict[str, Any]], f: dict[str, Any]) -> list[str]:
     pa_acc = (100 * pa[0]["test"]["accuracy"], 100 * pa[1]["test"]["accuracy"], pa[0]["best_epoch"], pa[1]["best_epoch"]) if pa else (nan,) * 4
     core_txt = "; ".join(f"{k}: AAAAAA L_final {_m(co[(k, 'AAAAAA', 'final')]):.2f}% vs ABCDEF {_m(co[(k, 'ABCDEF', 'final')]):.2f}%"
                          f"{' (' + str(len(co[(k, 'ABCDEF', 'final')])) + ' seeds)' if len(co[(k, 'ABCDEF', 'final')]) < 3 else ''}" for k in cores)
-    oc_txt = "; ".join(f"{k} {v[1]:.2f}% vs {v[0]:.2f}% at {v[3]:.2f}× FLOPs" for k, v in oc.items())
+    oc_txt = "; ".join(f"{k} {v[1]:.2f}% vs {v[0]:.2f}% at {v[3]:.2f}× FLOPs" for k, v in oc.items() if v[1] == v[1])
+    not_adapted = [k for k, v in oc.items() if v[1] != v[1]]  # NaN: no adaptive rows for that core yet
+    if not_adapted:
+        oc_txt += f" (not evaluated adaptively yet: {', '.join(not_adapted)})"
     missing = [k for k in OTHER_CORES if len(co.get((k, "ABCDEF", "final"), [])) < 3]
     return [
         "Short answers first. The evidence: JapaneseVowels (easy; 96 test sequences per seed, one sequence = 1.04 "
