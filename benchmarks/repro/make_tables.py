@@ -26,7 +26,7 @@ COMMANDS = {  # what reproduces each table (this session ran them with --deadlin
     "ethanol": [f"{CMD} train --suite ethanol-lru-raw ethanol-lru"],
     "acsf1": [f"{CMD} train --suite acsf1-lru-raw acsf1-lru"],
     "jv-cores": [f"{CMD} train --suite jv-cores jv-cores-new jv-cores-2026"],
-    "adaptive": [f"{CMD} adaptive --suite jv-lru ethanol-lru acsf1-lru jv-cores"],
+    "adaptive": [f"{CMD} adaptive --suite jv-lru ethanol-lru acsf1-lru jv-cores jv-cores-2026"],
 }
 
 

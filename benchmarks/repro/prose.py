@@ -15,7 +15,7 @@ SESSION = [f"python -m benchmarks.repro.run_grid {a}" for a in (
     "train --suite acsf1-lru-raw acsf1-lru jv-cores --deadline-min 24",
     "adaptive --suite ethanol-lru acsf1-lru jv-cores", "train --suite jv-lru-torchbn",
     "train --suite jv-cores --deadline-min 10", "adaptive --suite jv-cores",
-    "train --suite jv-cores-new --deadline-min 16", "train --suite jv-cores-2026")] + ["python -m benchmarks.repro.make_tables"]
+    "train --suite jv-cores-new --deadline-min 16", "train --suite jv-cores-2026", "adaptive --suite jv-cores-2026")] + ["python -m benchmarks.repro.make_tables"]
 SEEDS_NOTE = "seeds 2345, 3456, 4567 (the first three of the seed paper's five)"
 
 
