@@ -38,15 +38,15 @@ class CoreParams(BaseModel):
     capabilities: ClassVar[frozenset[str]] = frozenset()
 
     d_model: int = Field(gt=0, le=65536, description="model width H (set by model.d_model in a spec)")
-    def grows_state(self) -> bool:
-        """Whether this configuration's streaming state grows with length (declared ``growing_state``;
-        a family whose state is constant in some configurations, e.g. attention with a window, narrows it)."""
-        return "growing_state" in self.capabilities
-
     backend: BackendSetting = Field(
         "auto",
         description="'auto', 'naive' (the reference), one backend name, or {op: name} with op in kernel/conv/scan/attention",
     )
+
+    def grows_state(self) -> bool:
+        """Whether this configuration's streaming state grows with length (declared ``growing_state``;
+        a family whose state is constant in some configurations, e.g. attention with a window, narrows it)."""
+        return "growing_state" in self.capabilities
 
 
 class DtRange(BaseModel):
