@@ -83,14 +83,21 @@ class _AdjointScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, gh: Tensor | None, g_last: Tensor | None) -> tuple[None, Tensor, Tensor, Tensor]:
         a, h, h0 = ctx.saved_tensors
-        gh = torch.zeros_like(h) if gh is None else gh.to(h.dtype)  # (B, L, W)
-        if g_last is not None:
-            gh = torch.cat([gh[:, :-1], gh[:, -1:] + g_last.to(h.dtype)[:, None]], 1)
-        a_next = torch.cat([a[:, 1:], a.new_zeros(a.shape[0], 1, *a.shape[2:])], 1).to(h.dtype)  # (B, L, W) a_{t+1}
-        g = ctx.scan(a_next.flip(1), gh.flip(1), None)[0].flip(1)  # (B, L, W) dL/db_t
-        h_prev = torch.cat([h0.to(h.dtype)[:, None], h[:, :-1]], 1)  # (B, L, W) h_{t−1}
-        da = g * h_prev
-        dh0 = a[:, 0].to(h.dtype) * g[:, 0]  # (B, W)
+        dt = h.dtype
+        # reversed time: g'_s = a_{L−s} ⊙ g'_{s−1} + gh_{L−1−s}, started from g'_{−1} = dL/dh_last
+        # (transition 1 at s = 0). Each (B, L, W) temporary is dropped as soon as it is used: the
+        # backward's peak is what this function holds at once.
+        gh_rev = torch.zeros_like(h) if gh is None else gh.to(dt).flip(1)  # (B, L, W)
+        del gh
+        a_rev = torch.cat([a.new_ones(a.shape[0], 1, *a.shape[2:]), a[:, 1:].flip(1)], 1).to(dt)  # (B, L, W)
+        g_start = torch.zeros_like(h[:, 0]) if g_last is None else g_last.to(dt)  # (B, W)
+        g_rev = ctx.scan(a_rev, gh_rev, g_start)[0]  # (B, L, W)
+        del a_rev, gh_rev
+        g = g_rev.flip(1)  # (B, L, W) dL/db_t
+        del g_rev
+        da = torch.cat([h0.to(dt)[:, None], h[:, :-1]], 1)  # (B, L, W) h_{t−1}
+        da *= g  # dL/da_t = g_t ⊙ h_{t−1}
+        dh0 = a[:, 0].to(dt) * g[:, 0]  # (B, W)
         return None, da.to(a.dtype), g.to(ctx.b_dtype), dh0.to(h0.dtype)
 
 
