@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 
+import zoo_rglru.core as rglru_core
 from zoo_core.build import build_model
 from zoo_core.errors import CoreArgumentError, SpecError
 from zoo_core.nn.model import rescale_sampling_rate
@@ -158,6 +159,33 @@ def test_bounded_sqrt_caps_the_gradient_and_is_sqrt():
     torch.testing.assert_close(y, torch.sqrt(x.detach()))
     (g,) = torch.autograd.grad(y.sum(), x)
     torch.testing.assert_close(g, torch.tensor([MAX_SQRT_GRADIENT, 1.0, 0.25], dtype=F64))
+
+
+@pytest.mark.parametrize("L", [1, 6])
+def test_fused_gates_equal_the_autograd_chain_with_every_gradient(L, monkeypatch):
+    """The parallel path's one-node gate maths (hand-written backward) against ``transition``, float64:
+    a and b and the gradients into x, ``start`` and every parameter, with some channels saturated
+    (r ≈ 1e−9: 1 − a² ≈ 1e−7, inside the sqrt's derivative cap) and a fractional start. The backward's
+    pieces are 4 steps here: L = 6 is a whole piece and a remainder."""
+    monkeypatch.setattr(rglru_core, "GATE_PIECE", 4)
+    core = _core("scan")
+    with torch.no_grad():
+        core.recurrent_gate_bias[0, :2] = -20.0
+    x = torch.randn(2, L, W, dtype=F64, requires_grad=True)
+    start = torch.tensor([0.3, 1.0], dtype=F64, requires_grad=True)
+    ga, gb = torch.randn(2, L, W, dtype=F64), torch.randn(2, L, W, dtype=F64)
+    leaves = [x, start, *core.parameters()]
+    results = []
+    for fn in (core.transition, core.fused_transition):
+        a, b = fn(x, start)
+        grads = torch.autograd.grad((a * ga).sum() + (b * gb).sum(), leaves, allow_unused=True)
+        results.append([a, b, *grads])
+    names = ["a", "b", "x", "start", *(n for n, _ in core.named_parameters())]
+    for n, want, got in zip(names, *results, strict=True):
+        if want is None:
+            assert got is None or not bool(got.any()), n
+            continue
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12, msg=n)
 
 
 def test_gates_saturated_at_decay_one_stay_finite():

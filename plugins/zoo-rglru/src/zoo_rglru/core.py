@@ -64,6 +64,64 @@ def bounded_sqrt(x: Tensor) -> Tensor:
     return out
 
 
+class _Gates(torch.autograd.Function):
+    """a_t, b_t from the gate pre-activations in one node that saves only its three (B, L, W) inputs.
+
+    As a chain of torch ops the gate maths saved ten (B, L, W) tensors (r, i, c·r, expm1, the sqrt's
+    argument, exp, i ⊙ x, the multiplier, ...); they peaked the backward (+88 MiB at B 8, L 4096,
+    W 64). Here backward recomputes them elementwise, a piece of time steps at a time (``GATE_PIECE``),
+    so its temporaries stay small. The derivative of sqrt(1 − a²) is capped as
+    ``_BoundedSqrt`` caps it."""
+
+    @staticmethod
+    def forward(ctx: Any, zr: Tensor, zi: Tensor, x: Tensor, sp: Tensor, reset: Tensor, c: float) -> tuple[Tensor, Tensor]:
+        ctx.save_for_backward(zr, zi, x, sp, reset)
+        ctx.c = c
+        log_a = torch.sigmoid(zr) * sp * -c  # (B, L, W)
+        keep = 1 - reset  # (B, L, 1)
+        b = (reset + keep * torch.sqrt(-torch.expm1(2 * log_a))) * torch.sigmoid(zi) * x  # (B, L, W)
+        return torch.exp(log_a) * keep, b
+
+    @staticmethod
+    def backward(ctx: Any, ga: Tensor | None, gb: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, None]:
+        zr, zi, x, sp, reset = ctx.saved_tensors
+        ga = torch.zeros_like(x) if ga is None else ga
+        gb = torch.zeros_like(x) if gb is None else gb
+        g_zr, g_zi, g_x, g_reset = (torch.empty_like(t) for t in (zr, zi, x, reset))
+        g_sp = torch.zeros_like(sp)
+        # pieces of GATE_PIECE steps: the dozen elementwise temporaries are a piece's size, not (B, L, W)
+        for t0 in range(0, x.shape[1], GATE_PIECE):
+            ts = slice(t0, t0 + GATE_PIECE)
+            g_zr[:, ts], g_zi[:, ts], g_x[:, ts], g_reset[:, ts], g_sp_piece = _gates_grad(
+                zr[:, ts], zi[:, ts], x[:, ts], sp, reset[:, ts], ga[:, ts], gb[:, ts], ctx.c)
+            g_sp += g_sp_piece
+        return g_zr, g_zi, g_x, g_sp, g_reset, None
+
+
+GATE_PIECE = 256  # time steps per piece of the gates' backward
+
+
+def _gates_grad(zr: Tensor, zi: Tensor, x: Tensor, sp: Tensor, reset: Tensor, ga: Tensor, gb: Tensor,
+                c: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``_Gates``' backward on a piece of time steps: grads into zr, zi, x, reset (summed over W), sp (W,)."""
+    r, i = torch.sigmoid(zr), torch.sigmoid(zi)  # (B, T, W)
+    log_a = r * sp * -c
+    e = torch.exp(log_a)  # a before the reset
+    s = -torch.expm1(2 * log_a)  # 1 − a²
+    mult = torch.sqrt(s)
+    keep = 1 - reset  # (B, T, 1)
+    ix = i * x
+    # d log_a: through a = e ⊙ keep, and through mult = sqrt(s), ds/dlog_a = −2 e², capped d sqrt
+    d_log_a = ga * e * keep - gb * ix * keep * 2 * e * e / torch.sqrt(torch.clamp(4.0 * s, min=1.0 / MAX_SQRT_GRADIENT**2))
+    g_reset = (gb * ix * (1 - mult) - ga * e).sum(-1, keepdim=True)  # (B, T, 1)
+    m = reset + keep * mult  # (B, T, W) the multiplier
+    g_x = gb * m * i
+    g_zi = gb * m * x * i * (1 - i)
+    g_sp = (d_log_a * r).flatten(0, -2).sum(0) * -c  # (W,)
+    g_zr = d_log_a * sp * -c * r * (1 - r)
+    return g_zr, g_zi, g_x, g_reset, g_sp
+
+
 class _AdjointScan(torch.autograd.Function):
     """h_t = a_t ⊙ h_{t−1} + b_t through any registered diagonal scan, with a hand-written backward.
 
@@ -194,8 +252,14 @@ class RGLRU(CoreBase, params=RGLRUParams):
         y = (xh @ weight).transpose(0, 1)  # (N, Hh, Wh)
         return (y + bias).reshape(x.shape)  # (..., W)
 
+    def _reset(self, x: Tensor, start: Tensor) -> Tensor:
+        """(B, L, 1): ``start`` at t = 0, else 0 (the document start resets a_0 = 0, multiplier 1)."""
+        s0 = start.to(x.dtype)[:, None, None]  # (B, 1, 1)
+        return torch.cat([s0, s0.new_zeros(x.shape[0], x.shape[1] - 1, 1)], 1)
+
     def transition(self, x: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
         """The recurrence's a_t and b_t for conv outputs x (B, L, W); ``start`` (B,) resets step 0.
+        The plain autograd chain: ``step`` (the reference) runs it; ``fused_transition`` must equal it.
 
         Returns:
             a: (B, L, W) decays in (0, 1]; b: (B, L, W) = multiplier ⊙ i_t ⊙ x_t.
@@ -204,10 +268,18 @@ class RGLRU(CoreBase, params=RGLRUParams):
         i = torch.sigmoid(self._block_diag(x, self.input_gate_weight, self.input_gate_bias))  # (B, L, W)
         log_a = -self.c * r * F.softplus(-self.Lambda)  # (B, L, W) ≤ 0 (F.logsigmoid: 100× slower on CPU)
         mult = bounded_sqrt(-torch.expm1(2 * log_a))  # (B, L, W) sqrt(1 − a²), no cancellation near a = 1
-        s0 = start.to(x.dtype)[:, None, None]  # (B, 1, 1)
-        reset = torch.cat([s0, s0.new_zeros(x.shape[0], x.shape[1] - 1, 1)], 1)  # (B, L, 1): start at t = 0
+        reset = self._reset(x, start)  # (B, L, 1)
         a = torch.exp(log_a) * (1 - reset)  # (B, L, W)
         b = (reset + (1 - reset) * mult) * (i * x)  # (B, L, W)
+        return a, b
+
+    def fused_transition(self, x: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
+        """``transition`` with the elementwise gate maths in one node (``_Gates``): the parallel path's."""
+        zr = self._block_diag(x, self.recurrent_gate_weight, self.recurrent_gate_bias)  # (B, L, W) r = σ(zr)
+        zi = self._block_diag(x, self.input_gate_weight, self.input_gate_bias)  # (B, L, W) i = σ(zi)
+        a: Tensor
+        b: Tensor
+        a, b = _Gates.apply(zr, zi, x, F.softplus(-self.Lambda), self._reset(x, start), self.c)  # (B, L, W) each
         return a, b
 
     # pieces of the block -----------------------------------------------------------------------
@@ -235,7 +307,7 @@ class RGLRU(CoreBase, params=RGLRUParams):
     @runs_path("recurrent")
     def _recurrent(self, u: Tensor, state: State) -> tuple[Tensor, State]:
         xc, past = causal_conv(self.linear_x(u), self.conv_1d.weight, self.conv_bias, state["conv"])  # (B, L, W)
-        a, b = checkpoint(self.transition, xc, state["start"], use_reentrant=False)  # (B, L, W); recomputed in bwd: 8 fewer saved
+        a, b = checkpoint(self.fused_transition, xc, state["start"], use_reentrant=False)  # (B, L, W); holds xc, not zr and zi
         h, h_last = adjoint_scan(self.ops.scan, a, b, state["h"])  # (B, L, W), (B, W)
         out = self.linear_out(h.to(u.dtype) * self._y_branch(u))  # (B, L, H)
         return out, {"conv": past, "h": h_last, "start": torch.zeros_like(state["start"])}
