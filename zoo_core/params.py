@@ -18,6 +18,7 @@ the rule (the validator) stays the mixin's.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -75,3 +76,12 @@ class SsmLr(BaseModel):
 
     ssm_lr: float | None = Field(1e-3, ge=0, le=1.0, allow_inf_nan=False,
                                  description="learning rate hint for the SSM parameters, no weight decay (None: the global one)")
+
+
+def resolve_heads(d_inner: int, head_dim: int | None, n_heads: int | None, default_head_dim: int = 64) -> tuple[int, int]:
+    """(heads, head_dim) of a multi-head SSD layout (Mamba-2, Mamba-3) from whichever of the two is
+    given; neither: head_dim = gcd(d_inner, default_head_dim), so a width that 64 does not divide
+    still splits evenly. The params model has checked that the given ones fit d_inner."""
+    if head_dim is None:
+        head_dim = d_inner // n_heads if n_heads is not None else math.gcd(d_inner, default_head_dim)
+    return d_inner // head_dim, head_dim

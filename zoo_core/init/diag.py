@@ -18,7 +18,7 @@ Under 2·Re with a complex-normal C the two are equivalent.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -125,3 +125,14 @@ def log_uniform_dt(
     lo, hi = math.log(dt_min), math.log(dt_max)
     u = torch.rand(H, generator=generator, dtype=torch.float64)  # (H,)
     return (lo + u * (hi - lo)).to(dtype)  # (H,)
+
+
+def softplus_inverse_dt(n: int, dt_min: float, dt_max: float, floor: float, **factory: Any) -> Tensor:
+    """The Mamba family's Δ bias: softplus⁻¹(Δ₀) with Δ₀ = exp(U[log dt_min, log dt_max]) clamped ≥ floor.
+
+    ``n`` values drawn with ``torch.rand(n, **factory)`` (the references' draw: default dtype unless
+    ``factory`` names one), so that softplus(bias) starts log-uniform in [dt_min, dt_max]; used by
+    Mamba-1/2/3 and Gated DeltaNet, whose reference code initialise their dt bias this way.
+    """
+    dt = torch.exp(torch.rand(n, **factory) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)).clamp(min=floor)
+    return dt + torch.log(-torch.expm1(-dt))  # y + log(1 − e^{−y}) = softplus⁻¹(y)

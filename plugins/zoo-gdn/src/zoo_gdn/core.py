@@ -19,7 +19,6 @@ stacked), and ``ssm`` (B, h, K, V) in float32 (float64 for a float64 core).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any, Protocol, cast
 
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
+from zoo_core.init.diag import softplus_inverse_dt
 from zoo_core.kernels.short_conv import causal_conv, causal_conv_step
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import OptimHint, State, require_float, require_state_keys
@@ -68,12 +68,6 @@ def _l2norm(x: Tensor) -> Tensor:
 _STATE_PARTS = {"conv": "(B, 2·h·K + h·V, conv_size − 1)", "ssm": "(B, h, K, V)"}
 
 
-def dt_bias_init(n: int) -> Tensor:
-    """softplus⁻¹(Δ₀) with Δ₀ log-uniform in [1e-3, 1e-1], clamped ≥ 1e-4: (n,) float32."""
-    dt = torch.exp(torch.rand(n) * (math.log(_DT_MAX) - math.log(_DT_MIN)) + math.log(_DT_MIN)).clamp(min=_DT_FLOOR)
-    return dt + torch.log(-torch.expm1(-dt))
-
-
 class GatedDeltaNet(CoreBase, params=GatedDeltaNetParams):
     paths = {"delta": ("scan",)}
     reference = {"scan": "gdn-sequential"}
@@ -112,7 +106,7 @@ class GatedDeltaNet(CoreBase, params=GatedDeltaNetParams):
         self.a_proj = nn.Linear(d_model, h, bias=False, **kw)
         self.b_proj = nn.Linear(d_model, h, bias=False, **kw)
         self.A_log = nn.Parameter(torch.log(torch.empty(h, dtype=torch.float32).uniform_(0, _A_MAX)).to(**fp32))  # (h,)
-        self.dt_bias = nn.Parameter(dt_bias_init(h).to(**fp32))  # (h,)
+        self.dt_bias = nn.Parameter(softplus_inverse_dt(h, _DT_MIN, _DT_MAX, _DT_FLOOR).to(**fp32))  # (h,)
         self.q_conv1d = nn.Conv1d(h * K, h * K, W, groups=h * K, bias=conv_bias, **kw)  # weight (hK, 1, W)
         self.k_conv1d = nn.Conv1d(h * K, h * K, W, groups=h * K, bias=conv_bias, **kw)
         self.v_conv1d = nn.Conv1d(h * V, h * V, W, groups=h * V, bias=conv_bias, **kw)

@@ -25,7 +25,6 @@ core).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
+from zoo_core.init.diag import softplus_inverse_dt
 from zoo_core.kernels.short_conv import causal_conv, causal_conv_step
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import OptimHint, State
@@ -48,12 +48,6 @@ class _Bias(nn.Module):
     def __init__(self, n: int, **kw: Any) -> None:
         super().__init__()
         self.bias = nn.Parameter(torch.empty(n, **kw))
-
-
-def dt_bias_init(n: int, dt_min: float, dt_max: float, floor: float) -> Tensor:
-    """softplus⁻¹(Δ₀) with Δ₀ = exp(U[log dt_min, log dt_max]) clamped ≥ floor: (n,) float32."""
-    dt = torch.exp(torch.rand(n) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)).clamp(min=floor)
-    return dt + torch.log(-torch.expm1(-dt))  # y + log(1 − e^{−y}) = softplus⁻¹(y)
 
 
 def _refuse_half(x: Tensor, weight: Tensor) -> None:
@@ -117,7 +111,7 @@ class Mamba(CoreBase, params=MambaParams):
         else:
             self.dt_proj = _Bias(Di, **kw)
         with torch.no_grad():
-            self.dt_proj.bias.copy_(dt_bias_init(Di, dt_min, dt_max, dt_init_floor))
+            self.dt_proj.bias.copy_(softplus_inverse_dt(Di, dt_min, dt_max, dt_init_floor))
         if not tv_B:
             self.B = nn.Parameter(torch.rand(Di, N, **kw))  # MambaSL: U[0, 1)
         if not tv_C:

@@ -29,41 +29,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
+from zoo_core.init.diag import softplus_inverse_dt
 from zoo_core.kernels.short_conv import causal_conv, causal_conv_step
+from zoo_core.nn.gated_norm import GatedRMSNorm
+from zoo_core.params import resolve_heads
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import OptimHint, State, require_state_keys
 
-from .params import Mamba2Params, resolve_heads
+from .params import Mamba2Params
 from .ssd import SSDOp, ssd_step
-
-
-def dt_bias_init(n: int, dt_min: float, dt_max: float, floor: float) -> Tensor:
-    """softplus⁻¹(Δ₀) with Δ₀ = exp(U[log dt_min, log dt_max]) clamped ≥ floor: (n,) float32."""
-    dt = torch.exp(torch.rand(n) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)).clamp(min=floor)
-    return dt + torch.log(-torch.expm1(-dt))  # y + log(1 − e^{−y}) = softplus⁻¹(y)
-
-
-class GatedRMSNorm(nn.Module):
-    """RMSNorm over groups of Di/G channels, gated by SiLU(z) before or after (mamba_ssm's
-    ``RMSNormGated``); computed in float32 at least, as the references do."""
-
-    def __init__(self, d: int, group_size: int, eps: float, norm_before_gate: bool, **kw: Any) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d, **kw))
-        self.group_size, self.eps, self.norm_before_gate = group_size, eps, norm_before_gate
-
-    def forward(self, y: Tensor, z: Tensor) -> Tensor:
-        """y, z (..., Di) -> (..., Di) in y's dtype."""
-        work = torch.promote_types(y.dtype, torch.float32)
-        y, gate = y.to(work), F.silu(z.to(work))
-        if not self.norm_before_gate:
-            y = y * gate
-        g = y.unflatten(-1, (-1, self.group_size))  # (..., G, Di/G)
-        y = (g * torch.rsqrt(g.square().mean(-1, keepdim=True) + self.eps)).flatten(-2) * self.weight.to(work)
-        if self.norm_before_gate:
-            y = y * gate
-        return y
-
 
 _STATE_PARTS = {"conv": "(B, Di + 2·G·N, d_conv − 1)", "ssm": "(B, heads, head_dim, d_state)"}
 
@@ -122,7 +96,7 @@ class Mamba2(CoreBase, params=Mamba2Params):
         self.in_proj = nn.Linear(d_model, Di + self.conv_dim + Hh, bias=bias, **kw)  # [z, x, B, C, dt]
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, K, groups=self.conv_dim, padding=K - 1,
                                 bias=conv_bias, **kw)  # weight (Dc, 1, K)
-        self.dt_bias = nn.Parameter(dt_bias_init(Hh, dt_min, dt_max, dt_init_floor).to(**fp32))  # (Hh,)
+        self.dt_bias = nn.Parameter(softplus_inverse_dt(Hh, dt_min, dt_max, dt_init_floor).to(**fp32))  # (Hh,)
         A = torch.empty(Hh, **fp32).uniform_(A_init_min, A_init_max)
         self.A_log = nn.Parameter(torch.log(A))  # (Hh,)
         self.D = nn.Parameter(torch.ones(Hh, **fp32))  # (Hh,)

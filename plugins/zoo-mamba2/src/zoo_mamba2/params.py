@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from zoo_core.params import CoreParams, DtRange, DtScale
+from zoo_core.params import CoreParams, DtRange, DtScale, resolve_heads
 
 DEFAULT_HEAD_DIM = 64  # mamba_ssm's headdim
 
@@ -79,14 +79,6 @@ class Mamba2Params(CoreParams, DtRange, DtScale):
     def heads(self) -> int:
         """n_heads with None resolved."""
         return resolve_heads(self.d_inner, self.head_dim, self.n_heads)[0]
-
-
-def resolve_heads(d_inner: int, head_dim: int | None, n_heads: int | None) -> tuple[int, int]:
-    """(heads, head_dim) from whichever of the two is given (the params model checked they fit)."""
-    if n_heads is None:
-        dim = math.gcd(d_inner, DEFAULT_HEAD_DIM) if head_dim is None else head_dim
-        return d_inner // dim, dim
-    return n_heads, d_inner // n_heads
 
 
 def _divisor_near(n: int, want: int) -> int:

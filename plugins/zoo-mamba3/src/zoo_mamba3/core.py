@@ -28,28 +28,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
+from zoo_core.init.diag import softplus_inverse_dt
+from zoo_core.nn.gated_norm import GatedRMSNorm
+from zoo_core.params import resolve_heads
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import OptimHint, State, require_float, require_state_keys
 
-from .params import Mamba3Params, resolve_heads
+from .params import Mamba3Params
 from .scan import TrapScanOp, trap_scan_sequential
-
-
-class GatedRMSNorm(nn.Module):
-    """RMSNorm of y ⊙ SiLU(z) over groups of ``group_size`` channels (mamba_ssm's ``RMSNormGated``
-    with ``norm_before_gate=False``), times a learned weight."""
-
-    def __init__(self, d: int, group_size: int, eps: float = 1e-5, **kw: Any) -> None:
-        super().__init__()
-        self.group_size, self.eps = group_size, eps
-        self.weight = nn.Parameter(torch.ones(d, **kw))
-
-    def forward(self, y: Tensor, z: Tensor) -> Tensor:
-        g = y * F.silu(z)
-        shape = g.shape
-        g = g.reshape(*shape[:-1], -1, self.group_size)
-        g = g * torch.rsqrt(g.square().mean(-1, keepdim=True) + self.eps)
-        return g.reshape(shape) * self.weight
 
 
 def rotate_half(v: Tensor, angle: Tensor) -> Tensor:
@@ -110,9 +96,7 @@ class Mamba3(CoreBase, params=Mamba3Params):
         self._split = [Di, Di, G * N, G * N, H, H * (N // 2) if use_rope else 0, H if use_trapezoidal else 0]
         self.in_proj = nn.Linear(d_model, sum(self._split), bias=bias, **kw)
         # the reference's draw order: dt_bias, A_log, D
-        dt = torch.exp(torch.rand(H, **fp32) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
-        dt = dt.clamp(min=dt_init_floor)
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(Δ₀)
+        self.dt_bias = nn.Parameter(softplus_inverse_dt(H, dt_min, dt_max, dt_init_floor, **fp32))  # softplus⁻¹(Δ₀)
         self.A_log = nn.Parameter(torch.log(torch.empty(H, **fp32).uniform_(A_init_min, A_init_max)))
         self.D = nn.Parameter(torch.ones(H, **fp32))
         if use_bc_norm:

@@ -8,12 +8,11 @@ Two tuples of the reference become pairs of fields, because a spec is YAML and t
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from zoo_core.params import CoreParams, DtRange, DtScale
+from zoo_core.params import CoreParams, DtRange, DtScale, resolve_heads
 
 
 class Mamba3Params(CoreParams, DtRange, DtScale):
@@ -71,13 +70,6 @@ class Mamba3Params(CoreParams, DtRange, DtScale):
     def heads(self) -> int:
         """The number of heads H."""
         return resolve_heads(self.expand * self.d_model, self.headdim, self.nheads)[0]
-
-
-def resolve_heads(d_inner: int, headdim: int | None, nheads: int | None) -> tuple[int, int]:
-    """(heads, headdim) from whichever is given; neither: headdim = gcd(d_inner, 64)."""
-    if headdim is None:
-        headdim = d_inner // nheads if nheads is not None else math.gcd(d_inner, 64)
-    return d_inner // headdim, headdim
 
 
 def _divisors(n: int) -> list[int]:
