@@ -34,6 +34,7 @@ CAPABILITIES = frozenset({
     "complex_params",   # holds complex parameters (saved as real views)
     "continuous_time",  # has a step size Δ: the sampling rate can be rescaled
     "growing_state",    # the streaming state may grow with length (a KV cache); CoreParams.grows_state() says when
+    "packing",          # forward_packed(x, segments) runs packed documents natively (zoo_core.packing)
 })
 
 
@@ -59,6 +60,15 @@ class SSMCore(Protocol):
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State: ...
 
     def optim_hints(self) -> Mapping[str, OptimHint]: ...
+
+
+class PackedCore(Protocol):
+    """What a core declaring ``packing`` adds (``zoo_core.packing``): x (B, L, H) holds the documents
+    ``segments`` lays out; every document starts from the zero state. Returns (B, L, H) outputs (finite,
+    unspecified on padding) and, with ``with_states``, each document's final state (batch N, row-major;
+    None when they cannot be batched, e.g. KV caches of unequal lengths)."""
+
+    def forward_packed(self, x: Tensor, segments: Any, *, with_states: bool = True) -> tuple[Tensor, State | None]: ...
 
 
 class AttentionOp(Protocol):

@@ -15,9 +15,14 @@ Dimensions:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from ..packing import Segments
 
 
 def _check(x: Tensor, weight: Tensor, bias: Tensor | None, past: Tensor | None, step: bool) -> None:
@@ -69,6 +74,37 @@ def causal_conv(x: Tensor, weight: Tensor, bias: Tensor | None, past: Tensor | N
     seq = torch.cat([past, x.transpose(1, 2)], -1)  # (B, C, K−1+L)
     y = F.conv1d(seq, weight, bias, groups=C).transpose(1, 2)  # (B, L, C)
     return y, seq[..., L:].contiguous()
+
+
+def causal_conv_packed(x: Tensor, weight: Tensor, bias: Tensor | None, segments: Segments) -> tuple[Tensor, Tensor]:
+    """``causal_conv`` over packed documents (``zoo_core.packing``): every document's window starts at
+    its own first step (the inputs of the document before it never enter), as each document alone
+    from a zero past.
+
+    Args:
+        x: (B, L, C) packed input; weight (C, 1, K); bias (C,) or None.
+        segments: the documents' layout.
+
+    Returns:
+        y: (B, L, C), ``y_t = bias + Σ_{d<K} w_{K−1−d} · x_{t−d} · [t−d in t's document]``;
+        pasts: (N, C, K−1), each document's last K−1 inputs (zeros before its start), its conv state.
+    """
+    _check(x, weight, bias, None, step=False)
+    segments.check(x)
+    K = weight.shape[-1]
+    w = weight[:, 0].to(x.dtype)  # (C, K)
+    y = x * w[:, K - 1]
+    pos = segments.position[..., None]  # (B, L, 1)
+    for d in range(1, K):  # the input d steps back, where it lies in the same document
+        shifted = F.pad(x, (0, 0, d, 0))[:, : x.shape[1]]
+        y = y + torch.where(pos >= d, shifted, torch.zeros((), dtype=x.dtype, device=x.device)) * w[:, K - 1 - d]
+    if bias is not None:
+        y = y + bias.to(x.dtype)
+    back = torch.arange(K - 2, -1, -1, device=x.device)  # K−2 .. 0 steps before the end, oldest first
+    t = segments.doc_end[:, None] - back  # (N, K−1)
+    inside = (t >= segments.doc_start[:, None])[..., None]
+    pasts = torch.where(inside, x[segments.doc_row[:, None], t.clamp(min=0)], torch.zeros((), dtype=x.dtype, device=x.device))
+    return y, pasts.transpose(1, 2).contiguous()  # (N, C, K−1)
 
 
 def causal_conv_step(x_t: Tensor, weight: Tensor, bias: Tensor | None, past: Tensor) -> tuple[Tensor, Tensor]:

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from ..backends import all_choices
 from ..build import build_model
 from ..corebase import CoreBase
+from ..packing import Segments, run_packed
 from ..params import CoreParams
 from ..plugin_registry import Registry
 from ..plugins import get_registry, using_registry
@@ -446,6 +447,80 @@ def check_state_size(case: CoreCase) -> None:
                                "keep it constant, or declare 'growing_state' (and grows_state() on the params model)")
 
 
+# two rows of documents of lengths 5, 1, 7 | 9, 3 and one step of padding: every document starts
+# from zero, a length-1 document, documents of equal length in different rows
+PACKED_LAYOUT = ((5, 1, 7), (9, 3))
+
+
+def _packed_case(case: CoreCase, layout: tuple[tuple[int, ...], ...] = PACKED_LAYOUT, seed: int = 3
+                 ) -> tuple[torch.Tensor, Segments, list[torch.Tensor]]:
+    L = max(sum(row) for row in layout) + 1
+    seq_idx = torch.full((len(layout), L), -1, dtype=torch.long)
+    for b, row in enumerate(layout):
+        seq_idx[b, : sum(row)] = torch.repeat_interleave(torch.arange(len(row)), torch.tensor(row))
+    seg = Segments.from_seq_idx(seq_idx)
+    x = _x(case, len(layout), L, seed=seed)
+    docs = [x[int(b), int(s): int(s) + int(n)] for b, s, n in zip(seg.doc_row, seg.doc_start, seg.doc_len, strict=True)]
+    return x, seg, docs
+
+
+def check_packing(case: CoreCase) -> None:
+    """Packed documents (``zoo_core.packing``: a ``seq_idx`` layout, every document from the zero
+    state) give what each document gives run alone: outputs at every valid step, each document's
+    final state, and the gradients of the input and every parameter; for every backend combination.
+    A core declaring ``packing`` is checked on its native ``forward_packed``, any other on the
+    by-documents path every core gets."""
+    choices = all_choices(paths=case.cls.paths, problem=case.cls.problem, registry=case.registry) if getattr(case.cls, "paths", None) else []
+    settings = [c.as_setting() for c in choices] or [None]
+    grows = "growing_state" in case.capabilities
+    for setting in settings:
+        core = case.make(backend=setting).eval()
+        if "packing" in case.capabilities and not callable(getattr(core, "forward_packed", None)):
+            raise ConformanceError("packing: declared, but the core has no forward_packed(x, segments)")
+        label = f"packing (backend {setting})" if setting is not None else "packing"
+        x, seg, docs = _packed_case(case)
+        xg = x.clone().requires_grad_(True)
+        y, states = run_packed(core, xg, seg, with_states=not grows)
+        if tuple(y.shape) != tuple(x.shape[:2]) + (case.d_model,):
+            raise ConformanceError(f"{label}: output shape {tuple(y.shape)} for input {tuple(x.shape)}")
+        if not bool(torch.isfinite(y).all()):
+            raise ConformanceError(f"{label}: non-finite outputs (padding steps must stay finite)")
+        params = [p for p in core.parameters() if p.requires_grad]
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(5), dtype=y.dtype) * seg.valid[..., None]
+        grads = torch.autograd.grad((y * dy).sum(), [xg, *params], allow_unused=True)
+        solo_y, solo_s = [], []
+        for d in docs:
+            yd, sd = core.forward_with_state(d[None])
+            solo_y.append(yd[0])
+            solo_s.append(sd)
+        ref = seg.pack(torch.nn.utils.rnn.pad_sequence(solo_y, batch_first=True))
+        valid = seg.valid
+        assert_close(f"{label}: outputs vs each document alone", ref[valid], y[valid], rtol=case.rtol, atol=case.atol)
+        dref = seg.pack(torch.nn.utils.rnn.pad_sequence([dy[int(b), int(s): int(s) + int(n)] for b, s, n in
+                                                         zip(seg.doc_row, seg.doc_start, seg.doc_len, strict=True)], batch_first=True))
+        xs = [d.detach().clone().requires_grad_(True) for d in docs]
+        tot = sum((core(xd[None])[0] * dref[int(b), int(s): int(s) + int(n)]).sum()
+                  for xd, b, s, n in zip(xs, seg.doc_row, seg.doc_start, seg.doc_len, strict=True))
+        rgrads = torch.autograd.grad(tot, [*xs, *params], allow_unused=True)
+        gx_ref = seg.pack(torch.nn.utils.rnn.pad_sequence(list(rgrads[: len(xs)]), batch_first=True))
+        assert_close(f"{label}: grad input", gx_ref[valid], grads[0][valid], rtol=case.rtol * 10, atol=case.atol * 10)
+        names = [n for n, p in core.named_parameters() if p.requires_grad]
+        for n, gr, rg in zip(names, grads[1:], rgrads[len(xs):], strict=True):
+            if (gr is None) != (rg is None):
+                raise ConformanceError(f"{label}: grad {n}: packed {'none' if gr is None else 'some'}, alone {'none' if rg is None else 'some'}")
+            if gr is not None and rg is not None:
+                assert_close(f"{label}: grad {n}", rg, gr, rtol=case.rtol * 10, atol=case.atol * 10)
+        if states is None:
+            continue
+        if set(states) != set(solo_s[0]):
+            raise ConformanceError(f"{label}: state keys {sorted(states)} != {sorted(solo_s[0])}")
+        for k in solo_s[0]:
+            if states[k].shape[0] != seg.num_docs:
+                raise ConformanceError(f"{label}: state {k!r} holds {states[k].shape[0]} documents; the batch has {seg.num_docs}")
+            for i, s in enumerate(solo_s):
+                assert_close(f"{label}: final state {k!r} of document {i}", s[k][0], states[k][i], rtol=case.rtol, atol=case.atol)
+
+
 CHECKS: dict[str, Callable[[CoreCase], None]] = {
     "protocol": check_protocol,
     "shapes": check_shapes,
@@ -466,6 +541,7 @@ CHECKS: dict[str, Callable[[CoreCase], None]] = {
     "long_step": check_long_step,
     "shared_depth": check_shared_depth,
     "state_size": check_state_size,
+    "packing": check_packing,
 }
 
 
