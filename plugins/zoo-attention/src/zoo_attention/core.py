@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
 from zoo_core.errors import ZooError
+from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, require_float
 
@@ -202,6 +203,56 @@ class Attention(CoreBase, params=AttentionParams):
         empty = torch.zeros(batch_size, self.n_kv_heads, slots, self.head_dim, device=device, dtype=dtype)
         return {"k": empty, "v": empty.clone(), "pos": torch.zeros(batch_size, dtype=torch.long, device=device)}
 
+    # packed documents ---------------------------------------------------------------------
+    def forward_packed(self, x: Tensor, segments: Segments, *,
+                       with_states: bool = True) -> tuple[Tensor, State | None]:
+        """Packed documents (``zoo_core.packing``) in one attention call over the whole (B, L) batch,
+        each document from nothing seen: RoPE positions restart at every document
+        (``segments.position``, transformers' restarting ``position_ids``) and a block-diagonal mask
+        keeps each query inside its document (what flash-attn's varlen ``cu_seqlens`` does, written
+        as the boolean mask sdpa and the naive backend take). Returns (B, L, H) outputs (finite on
+        padding) and, with ``with_states``, each document's final state (``_packed_states``)."""
+        require_float(x, type(self).__name__)
+        segments.check(x)
+        q, k, v = self._qkv(x, segments.position)
+        y = self._attend(q, k, v, self._packed_mask(segments))
+        return y, (self._packed_states(k, v, segments) if with_states else None)
+
+    def _packed_mask(self, segments: Segments) -> Tensor:
+        """(B, 1, L, L): the core's own causal / window mask on positions within the document, and
+        the same document. A padding query reads its own (padding) key only: every row keeps one
+        readable key, so no backend meets an all-masked row (a fused GPU kernel may give NaN there,
+        and a NaN at padding reaches valid steps of the next layer through 0 · NaN)."""
+        pos = segments.position
+        mask = self._mask(pos, pos, None)  # same document: p_i − p_j is the distance in steps
+        own = segments.same_document()
+        eye = torch.eye(pos.shape[1], dtype=torch.bool, device=pos.device)
+        return mask & (own | (eye & ~segments.valid[:, :, None]))[:, None]
+
+    def _packed_states(self, k: Tensor, v: Tensor, segments: Segments) -> State | None:
+        """Each document's final state as ``forward_with_state(document)`` returns it, from the
+        packed keys and values (B, Hk, L, D) (after RoPE at in-document positions, so the same).
+
+        With a window: the ring of W slots, slot j holding the key of the document's latest position
+        ≡ j (mod W), zeros where the document is shorter (init_state's empty slots); fixed size,
+        so batched for any lengths. Without: the whole cache, as long as its document; batched when
+        every document has the same length, else None (``run_packed`` then refuses with_states)."""
+        lens = segments.doc_len
+        if self.window is None:
+            if segments.num_docs and bool((lens != lens[0]).any()):
+                return None
+            kd, vd = (segments.unpack(t.transpose(1, 2)).transpose(1, 2) for t in (k, v))  # (N, Hk, ℓ, D)
+            return {"k": kd, "v": vd, "pos": lens.clone()}
+        target = ring_positions(lens, self.window)  # (N, W): position within the document held by each slot
+        steps = segments.doc_start[:, None] + target.clamp(min=0)  # (N, W) packed step
+        seen = (target >= 0)[:, None, :, None]  # (N, 1, W, 1)
+
+        def ring(t: Tensor) -> Tensor:
+            slots = t.transpose(1, 2)[segments.doc_row[:, None], steps].transpose(1, 2)  # (N, Hk, W, D)
+            return torch.where(seen, slots, torch.zeros((), dtype=t.dtype, device=t.device))
+
+        return {"k": ring(k), "v": ring(v), "pos": lens.clone()}
+
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, window={self.window}, "
                 f"rope={self.rope} (base {self.rope_base:g}), backend={self.backend_choice.label()}")
@@ -244,6 +295,10 @@ class AttentionBidirectional(Attention, params=AttentionBidirectionalParams):
         if self.window is None and valid is None:
             return self._attend(q, k, v, None), {}
         return self._attend(q, k, v, self._mask(positions, positions, valid)), {}
+
+    def _packed_states(self, k: Tensor, v: Tensor, segments: Segments) -> State | None:
+        """No carried state: ``forward_with_state`` returns {} for every document, so stacked {}."""
+        return {}
 
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         raise self._refuse("step one token at a time")

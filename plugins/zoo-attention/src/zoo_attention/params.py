@@ -16,7 +16,7 @@ from zoo_core.params import CoreParams
 
 
 class AttentionParams(CoreParams):
-    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "growing_state"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "growing_state", "packing"})
 
     n_heads: int = Field(4, ge=1, le=4096, description="query heads; head_dim = d_model / n_heads")
     n_kv_heads: int | None = Field(None, ge=1, le=4096,
@@ -49,4 +49,4 @@ class AttentionParams(CoreParams):
 
 
 class AttentionBidirectionalParams(AttentionParams):
-    capabilities: ClassVar[frozenset[str]] = frozenset()
+    capabilities: ClassVar[frozenset[str]] = frozenset({"packing"})
