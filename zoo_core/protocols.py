@@ -157,12 +157,15 @@ class ScanOp(Protocol):
             ("block2x2": a 2×2 matrix per state); a time-invariant a has size 1 along B and L.
         b: inputs (B, L, *S) or (B, L, *S, 2); real or complex.
         h0: initial state (B, *S[, 2]), or None for zero.
+        reset: (B, L) bool, or None: True at each packed document's first step, where h_{t−1} is
+            dropped (``zoo_core.packing``: ``segments.starts``); a time-invariant a stays unexpanded.
 
     Returns:
         h_all: (B, L, *S[, 2]) every state; h_last: (B, *S[, 2]) the final one.
     """
 
-    def __call__(self, a: Tensor, b: Tensor, h0: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
+    def __call__(self, a: Tensor, b: Tensor, h0: Tensor | None = None, *,
+                 reset: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
 
 
 class SelectiveScanOp(Protocol):

@@ -12,6 +12,11 @@ Structures (``⊗`` and the shapes of a and b):
     "block2x2": 2×2 matrix–vector product; b (B, L, *S, 2), a broadcastable to (B, L, *S, 2, 2),
         h0 (B, *S, 2). Blocks are never diagonalised, so defective ones such as [[1, Δ], [0, 1]]
         are exact.
+
+Resets (packed batches, ``zoo_core.packing``): ``reset`` (B, L) bool marks the steps where a new
+document starts; there the previous state is dropped (``h_t = b_t``, as if ``a_t`` were zero), so
+every document runs from the zero state inside one call. The transition is zeroed explicitly,
+never through ``log a = −inf`` (cumulative sums of logs would give inf − inf = NaN).
 """
 
 from __future__ import annotations
@@ -96,8 +101,27 @@ def _prepare(
     return torch.broadcast_to(a.to(dtype), a_shape), b.to(dtype), h0, ops
 
 
+def check_reset(reset: Tensor | None, b: Tensor) -> Tensor | None:
+    """Refuse a ``reset`` that is not a (B, L) bool mask of b's batch and length."""
+    if reset is None:
+        return None
+    if not isinstance(reset, Tensor) or reset.dtype != torch.bool or tuple(reset.shape) != tuple(b.shape[:2]):
+        got = f"{tuple(reset.shape)} {reset.dtype}" if isinstance(reset, Tensor) else type(reset).__name__
+        raise ValueError(f"reset must be a bool tensor (B, L) = {tuple(b.shape[:2])} marking each document's first "
+                         f"step, got {got}; pass segments.starts")
+    return reset
+
+
+def _zero_at(a: Tensor, reset: Tensor | None) -> Tensor:
+    """a (B, L, ...) at full shape with the transition zeroed where ``reset`` is set (the state restarts)."""
+    if reset is None:
+        return a
+    keep = (~reset).to(a.dtype)  # (B, L)
+    return a * keep.reshape(*keep.shape, *([1] * (a.dim() - 2)))
+
+
 def scan_naive(
-    a: Tensor, b: Tensor, h0: Tensor | None = None, *, structure: str = "diag"
+    a: Tensor, b: Tensor, h0: Tensor | None = None, *, structure: str = "diag", reset: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """Reference: the plain loop over t.
 
@@ -106,11 +130,14 @@ def scan_naive(
         b: inputs, (B, L, *S) or (B, L, *S, 2); real or complex.
         h0: initial state (B, *S) or (B, *S, 2); None means zero.
         structure: "diag" or "block2x2".
+        reset: (B, L) bool or None: True at each document's first step, where h_{t−1} is dropped.
 
     Returns:
         h_all: (B, L, *S[, 2]) every state; h_last: (B, *S[, 2]) the final state.
     """
+    reset = check_reset(reset, b)
     a, b, h, ops = _prepare(a, b, h0, structure)
+    a = _zero_at(a, reset)
     if h is None:
         h = torch.zeros_like(b[:, 0])  # (B, *S[, 2])
     hs = []
@@ -161,7 +188,7 @@ def _chunked(a: Tensor, b: Tensor, ops: _Ops) -> Tensor:
 
 
 def scan_parallel(
-    a: Tensor, b: Tensor, h0: Tensor | None = None, *, structure: str = "diag"
+    a: Tensor, b: Tensor, h0: Tensor | None = None, *, structure: str = "diag", reset: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """Chunked log-depth scan; same arguments and results as ``scan_naive``.
 
@@ -174,11 +201,15 @@ def scan_parallel(
         b: inputs, (B, L, *S) or (B, L, *S, 2); real or complex.
         h0: initial state (B, *S) or (B, *S, 2); None means zero.
         structure: "diag" or "block2x2".
+        reset: (B, L) bool or None: True at each document's first step, where h_{t−1} is dropped
+            (the transition is zeroed there, so no prefix product crosses a document start).
 
     Returns:
         h_all: (B, L, *S[, 2]) every state; h_last: (B, *S[, 2]) the final state.
     """
+    reset = check_reset(reset, b)
     a, b, h0, ops = _prepare(a, b, h0, structure)
+    a = _zero_at(a, reset)
     if h0 is not None:
         b = torch.cat([b[:, :1] + ops.apply(a[:, :1], h0[:, None]), b[:, 1:]], 1)  # (B, L, ...)
     h_all = _chunked(a, b, ops)  # (B, L, *S[, 2])
