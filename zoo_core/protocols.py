@@ -177,13 +177,20 @@ class SelectiveScanOp(Protocol):
         u: (Bt, L, Di) input. delta: (Bt, L, Di) step sizes Δ > 0. A: (Di, N).
         B, C: (Bt, L, N) input-dependent or (Di, N) time-invariant. D: (Di,) or None.
         h0: (Bt, Di, N) initial state, or None for zero.
+        starts: (Bt, L) bool or None, packed documents (``zoo_core.packing``): the state restarts
+            from zero at these steps (the transition exp(Δ_t ⊗ A) is multiplied by an exact 0 there;
+            gradients across a start are zero).
+        ends: (Bt, L) bool or None: return the states after these steps instead of the last one.
 
     Returns:
-        y: (Bt, L, Di) in u's dtype; h_last: (Bt, Di, N) in the compute dtype (float32 or float64).
+        y: (Bt, L, Di) in u's dtype; h_last: (Bt, Di, N) in the compute dtype (float32 or float64),
+        or with ``ends`` (number of ends, Di, N), the states after those steps in row-major order
+        (each packed document's final state).
     """
 
     def __call__(self, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
-                 D: Tensor | None = None, h0: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
+                 D: Tensor | None = None, h0: Tensor | None = None, *,
+                 starts: Tensor | None = None, ends: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
 
 
 def complex_dtype(real: torch.dtype) -> torch.dtype:

@@ -38,9 +38,10 @@ def make(Bt=2, L=37, Di=5, N=3, *, static_B=False, static_C=False, D=True, h0=Tr
     return {k: (v.requires_grad_() if v is not None else None) for k, v in args.items()}
 
 
-def run(fn, args, seed=1):
-    """Outputs, final state and the gradient of every input for random cotangents on y and h."""
-    y, h = fn(**args)
+def run(fn, args, seed=1, **packed):
+    """Outputs, final state and the gradient of every input for random cotangents on y and h;
+    ``packed``: the keywords ``starts`` / ``ends``, passed on, not differentiated."""
+    y, h = fn(**args, **packed)
     g = torch.Generator().manual_seed(seed)
     gy = torch.randn(y.shape, generator=g, dtype=F64).to(y.dtype)  # drawn in float64: the same for every dtype
     gh = torch.randn(h.shape, generator=g, dtype=F64).to(h.dtype)

@@ -21,6 +21,13 @@ dt_proj.weight); ``tv_B``/``tv_C=False`` replace B/C by learned (Di, N) matrices
 State: ``conv`` (Bt, Di, K−1), the last K−1 inputs of the convolution (mambapy's layout; mamba_ssm
 keeps K including the current one), and ``ssm`` (Bt, Di, N) in float32 (float64 for a float64
 core).
+
+Packed documents (``forward_packed``, capability ``packing``): one pass over the whole (Bt, L)
+batch, as mamba_ssm's ``seq_idx``: the convolution's window is cut at every document start
+(``causal_conv_packed``) and the scan's transition is zeroed there (its ``starts``), its states
+read at every document's last step (its ``ends``). Padding inputs are zeroed first and no state is
+read after a document ends, so right padding never reaches a carried state (the failure of
+transformers issue 48256, where Δ on padding kept decaying the prefilled state).
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
 from zoo_core.init.diag import softplus_inverse_dt
-from zoo_core.kernels.short_conv import causal_conv, causal_conv_step
+from zoo_core.kernels.short_conv import causal_conv, causal_conv_packed, causal_conv_step
+from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import OptimHint, State
 
@@ -149,6 +157,27 @@ class Mamba(CoreBase, params=MambaParams):
         y, h = self.ops.selective_scan(u, delta, self.A(), B, C, self.D, h0)  # (Bt, L, Di), (Bt, Di, N)
         out = self.out_proj(y * F.silu(z))  # (Bt, L, H)
         return out, {"conv": past, "ssm": h}
+
+    def forward_packed(self, x: Tensor, segments: Segments, *, with_states: bool = True) -> tuple[Tensor, State | None]:
+        """x (Bt, L, H) packed documents (``zoo_core.packing``) -> y (Bt, L, H) and, with ``with_states``,
+        each document's final state (batch N, row-major), every document from the zero state.
+
+        One call over the whole batch, not a loop over documents: the conv window and the scan's
+        state restart at every document start. Padding steps give finite outputs of zero input."""
+        _refuse_half(x, self.in_proj.weight)
+        segments.check(x)
+        x = torch.where(segments.valid[..., None], x, torch.zeros((), dtype=x.dtype, device=x.device))
+        xi, z = self.in_proj(x).chunk(2, dim=-1)  # (Bt, L, Di) each
+        xc, pasts = causal_conv_packed(xi, self.conv1d.weight, self.conv1d.bias, segments)  # pasts (N, Di, K−1)
+        u = F.silu(xc)  # (Bt, L, Di)
+        delta, B, C = self._dt_B_C(u)
+        ends = None
+        if with_states:
+            ends = torch.zeros(segments.shape, dtype=torch.bool, device=x.device)
+            ends[segments.doc_row, segments.doc_end] = True
+        y, h = self.ops.selective_scan(u, delta, self.A(), B, C, self.D, None, starts=segments.starts, ends=ends)
+        out = self.out_proj(y * F.silu(z))  # (Bt, L, H)
+        return out, ({"conv": pasts, "ssm": h} if with_states else None)  # h (N, Di, N_state) with ends
 
     # streaming ---------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:

@@ -17,7 +17,8 @@ from zoo_core.params import CoreParams, DtRange
 class MambaParams(CoreParams, DtRange):
     # Selective (input-dependent): no "lti". Δ is an input-dependent function, not a step size that a
     # sampling rate could rescale, so no "continuous_time".
-    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state"})
+    # "packing": forward_packed resets the conv window and the scan's state at every document start.
+    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "packing"})
 
     d_state: int = Field(16, ge=1, le=1024, description="state size N per inner channel")
     d_conv: int = Field(4, ge=1, le=1024, description="kernel width K of the causal depthwise convolution")
