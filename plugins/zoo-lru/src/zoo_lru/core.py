@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
+from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, complex_dtype, require_float
 
@@ -101,6 +102,15 @@ class LRU(CoreBase, params=LRUParams):
         h, h_last = self.ops.scan(self.lam()[None, None], bu, h0)  # (B, L, N)
         y = self._Cx(h) + self.D * x  # (B, L, H)
         return y.to(x.dtype), {"h": h_last}
+
+    def forward_packed(self, x: Tensor, segments: Segments, *, with_states: bool = True) -> tuple[Tensor, State | None]:
+        """Packed documents (``zoo_core.packing``) in one scan: the scan drops the state at every document
+        start (``reset``), so each document runs from zero; its final state is its last step's."""
+        require_float(x, "LRU")
+        segments.check(x)
+        h, _ = self.ops.scan(self.lam()[None, None], self._Bu(x), None, reset=segments.starts)  # (B, L, N)
+        y = self._Cx(h) + self.D * x  # (B, L, H)
+        return y.to(x.dtype), ({"h": segments.at_ends(h)} if with_states else None)
 
     # streaming -------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:

@@ -12,7 +12,8 @@ from zoo_core.params import CoreParams, SsmLr
 
 class LRUParams(CoreParams, SsmLr):
     # Discrete-time: no step size Δ, so no "continuous_time" (the sampling rate cannot be rescaled).
-    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "lti", "complex_params"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "lti", "complex_params",
+                                                             "packing"})
 
     d_state: int = Field(64, ge=1, le=4096, description="number of complex states N (one recurrence shared by all H features)")
     r_min: float = Field(0.0, ge=0.0, lt=1.0, allow_inf_nan=False,
