@@ -15,6 +15,10 @@ through softplus⁻¹), as fla does; parameter names equal fla's, so its weights
 
 State: ``conv`` (B, D, W−1), the last W−1 projected inputs of the three convolutions (q, k, v
 stacked), and ``ssm`` (B, h, K, V) in float32 (float64 for a float64 core).
+
+Packed documents (``forward_packed``): the short convolutions cut at every document start
+(``causal_conv_packed``), the op's transition zeroed at starts (``reset``: the chunked form masks its
+decays and WY system to one document) and each document's final state read where it ends (``ends``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
 from zoo_core.init.diag import softplus_inverse_dt
-from zoo_core.kernels.short_conv import causal_conv, causal_conv_step
+from zoo_core.kernels.short_conv import causal_conv, causal_conv_packed, causal_conv_step
+from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import OptimHint, State, require_float, require_state_keys
 
@@ -41,10 +46,13 @@ _L2_EPS = 1e-6  # fla's l2norm: x / sqrt(Σx² + ε)
 
 class GatedDeltaOp(Protocol):
     """Op ``scan`` for the structure ``"gated_delta"`` (``zoo_gdn.ops``): q, k (B, L, h, K), v (B, L, h, V),
-    beta, g (B, L, h), h0 (B, h, K, V) | None -> o (B, L, h, V), final state (B, h, K, V)."""
+    beta, g (B, L, h), h0 (B, h, K, V) | None -> o (B, L, h, V), final state (B, h, K, V); with ``reset``
+    (B, L) bool the transition is zeroed at marked steps, with ``ends`` (B, L) bool the states after
+    the marked steps are returned instead, (N, h, K, V) row-major."""
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None = None,
-                 *, chunk_size: int = 64) -> tuple[Tensor, Tensor]: ...
+                 *, chunk_size: int = 64, reset: Tensor | None = None,
+                 ends: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
 
 
 class _GatedRMSNorm(nn.Module):
@@ -156,6 +164,22 @@ class GatedDeltaNet(CoreBase, params=GatedDeltaNetParams):
         op = cast(GatedDeltaOp, self.ops.scan)
         o, S = op(q, k, v, beta, g, h0, chunk_size=self.chunk_size)  # (B, L, h, V), (B, h, K, V)
         return self._output(o, x), {"conv": past, "ssm": S}
+
+    def forward_packed(self, x: Tensor, segments: Segments, *, with_states: bool = True) -> tuple[Tensor, State | None]:
+        """Packed documents x (B, L, H) laid out by ``segments``, each from the zero state, in one call:
+        y (B, L, H) and each document's final state (``conv`` (N, D, W−1), ``ssm`` (N, h, K, V))."""
+        require_float(x, "GatedDeltaNet")
+        segments.check(x)
+        weight, bias = self._conv_params()
+        conv, pasts = causal_conv_packed(self._projected(x), weight, bias, segments)  # (B, L, D), (N, D, W−1)
+        q, k, v, beta, g = self._heads(conv, x)
+        ends = None
+        if with_states:
+            ends = torch.zeros(segments.shape, dtype=torch.bool, device=x.device)
+            ends[segments.doc_row, segments.doc_end] = True  # (B, L)
+        op = cast(GatedDeltaOp, self.ops.scan)
+        o, S = op(q, k, v, beta, g, None, chunk_size=self.chunk_size, reset=segments.starts, ends=ends)
+        return self._output(o, x), ({"conv": pasts, "ssm": S} if with_states else None)
 
     # streaming ---------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:

@@ -20,7 +20,7 @@ from zoo_core.params import CoreParams
 class GatedDeltaNetParams(CoreParams):
     # Input-dependent gates (no "lti"); α_t = exp(g_t) is a per-step decay, not a step size Δ that a
     # sampling rate could rescale, so no "continuous_time": the zoo refuses Δ rescaling for it.
-    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "packing"})
 
     num_heads: int = Field(4, ge=1, le=4096, description="heads h, each with its own K × V state")
     head_dim: Literal["auto"] | int = Field(
