@@ -246,14 +246,17 @@ def test_summary_reports_reshaping_and_depth_settings():
     assert "reshape concat c=12" in text and "damping α=0.5" in text and "period 2" in text
 
 
-def test_padding_with_a_non_causal_core_is_refused():
-    """Masking the pool is exact only for causal cores: a bidirectional core would read the padding."""
+def test_padding_with_a_non_causal_core_is_exact():
+    """A bidirectional core would read the padding; it gets each sequence's valid steps alone instead
+    (zoo_core.packing), so a padded batch gives what each sample gives unpadded, whatever the padding holds."""
     model = build_model(spec({"kind": "classification", "classes": 2}, {"channels": 3},
-                             core={"kind": "s5-bidirectional", "preset": "tiny"}), seed=0)
+                             core={"kind": "s5-bidirectional", "preset": "tiny"}), seed=0).eval()
     x = torch.randn(2, 6, 3)
-    model(x, lengths=torch.tensor([6, 6]))  # no padding: fine
-    with pytest.raises(ValueError, match="not causal"):
-        model(x, lengths=torch.tensor([6, 4]))
+    x[1, 4:] = 1e3
+    with torch.no_grad():
+        y = model(x, lengths=torch.tensor([6, 4]))
+        torch.testing.assert_close(y[1], model(x[1:, :4])[0])
+        torch.testing.assert_close(y[0], model(x[:1])[0])
 
 
 def test_tied_embeddings_start_small():

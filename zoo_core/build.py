@@ -13,6 +13,7 @@ from torch import nn
 
 from .logs import log_once
 from .nn.adaptive import AdaptiveConfig
+from .nn.bidirectional import Bidirectional
 from .nn.blocks import Block, LrcBlock, count_params, make_block, make_mlp_or_linear, make_norm
 from .nn.model import SequenceModel
 from .nn.pools import make_pool
@@ -63,7 +64,12 @@ def _make_blocks(spec: Spec, kw: dict[str, Any]) -> list[Block | LrcBlock]:
             blocks.append(copy.deepcopy(first[name]))
             continue
         entry, params = spec.core_at(name)
-        block = make_block(m.block.layout, entry.instantiate(**params.model_dump(), **kw), m.d_model, **recipe, **kw)
+        core = entry.instantiate(**params.model_dump(), **kw)
+        bi = m.block.bidirectional
+        if bi is not None:  # the reversed direction: the same core again (its own draw), or the one core both ways
+            back = None if bi.shared else entry.instantiate(**params.model_dump(), **kw)
+            core = Bidirectional(core, m.d_model, combine=bi.combine, shared=bi.shared, backward_core=back, **kw)
+        block = make_block(m.block.layout, core, m.d_model, **recipe, **kw)
         first.setdefault(name, block)
         blocks.append(block)
     return blocks
@@ -183,6 +189,11 @@ def summary(model: SequenceModel) -> str:
         lines.append(f"input: reshape {r.mode} c={r.c} (d={r.d}: {r.d} features per step -> {r.c} per model step)")
     alpha = "learned (sigmoid, per unique block)" if stack.damping_logit is not None else f"{stack.alpha_fixed:g}"
     lines.append(f"depth: damping α={alpha}, norms {stack.norms_mode}")
+    bi = spec.get("model", {}).get("block", {}).get("bidirectional")
+    if bi:
+        both = "one core both ways" if bi.get("shared") else "a second core of the same settings backwards"
+        lines.append(f"bidirectional: every core forward and time-reversed ({both}), combined by {bi.get('combine')}; "
+                     "not causal (no streaming)")
     lines += ["parameters:", f"  encoder     {_fmt(count_params(model.encoder))}"]
     for i in range(len(blocks)):
         block = stack.block(i)

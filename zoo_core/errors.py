@@ -104,3 +104,9 @@ class CoreArgumentError(ZooError, ValueError):
     names a component that cannot serve it: the message names the core and the argument."""
 
     exit_code = 2
+
+
+class NotCausalError(ZooError, NotImplementedError):
+    """A non-causal core or block was asked to stream (step, init_state, or a carried state)."""
+
+    exit_code = 2

@@ -136,6 +136,12 @@ class Segments:
         return self.doc_id >= 0
 
     @property
+    def padded_only(self) -> bool:
+        """Every row holds at most one document, from its first step (a right-padded batch): a causal
+        core needs no packing then — end padding never reaches a valid step."""
+        return bool((self.doc_start == 0).all()) and self.num_docs == int(self.valid[:, 0].sum())
+
+    @property
     def doc_end(self) -> Tensor:
         """(N,) each document's last step."""
         return self.doc_start + self.doc_len - 1

@@ -148,7 +148,7 @@ def run_adaptive(model: SequenceModel, x: Tensor, lengths: Tensor | None, cfg: A
         depth = torch.full((B,), cfg.max_depth or 0, dtype=torch.long, device=h.device)
         charge(active)
         for pos in range(cfg.max_depth or 0):
-            h = model.stack.run_position(pos, h)
+            h = model.stack.run_position(pos, h, model.padding_layout(n, h.shape[1]))  # (non-causal parts: no padding)
             if pos + 1 not in checkpoints:
                 charge(active)
                 continue

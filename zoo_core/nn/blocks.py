@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from ..packing import Segments, run_packed
 from ..protocols import State
 
 if TYPE_CHECKING:  # annotations only: zoo_core.nn does not need the registry machinery corebase loads
@@ -126,6 +127,17 @@ def make_output(kind: str, d_model: int, **kw: Any) -> nn.Module:
     raise ValueError(f"unknown block output {kind!r}; choose one of {OUTPUTS}")
 
 
+def run_core(core: CoreBase, u: Tensor, state: State | None, segments: Segments | None) -> Tensor:
+    """The core on a whole sequence (B, L, H). With ``segments`` (packed documents, or a right-padded
+    batch a non-causal core must not see the padding of) every document runs from the zero state
+    (``zoo_core.packing.run_packed``); a causal core on a right-padded batch needs nothing."""
+    if segments is None or (segments.padded_only and "causal" in getattr(core, "capabilities", ())):
+        return core(u, state)
+    if state is not None:
+        raise ValueError("a packed batch starts every document from the zero state; pass no state with seq_idx")
+    return run_packed(core, u, segments)[0]
+
+
 class _NormsMixin:
     """Norm handling shared by the block layouts: own norms, or norms handed in per call."""
 
@@ -193,9 +205,10 @@ class Block(_NormsMixin, nn.Module):
         z = x + y if self.residual else y
         return z if self.prenorm else norm(z)
 
-    def forward(self, x: Tensor, state: State | None = None, *, norms: list[nn.Module] | None = None) -> Tensor:
+    def forward(self, x: Tensor, state: State | None = None, *, norms: list[nn.Module] | None = None,
+                segments: Segments | None = None) -> Tensor:
         (n,) = self._resolve(norms)
-        return self._post(x, self.core(self._pre(x, n), state), n)  # (B, L, H)
+        return self._post(x, run_core(self.core, self._pre(x, n), state, segments), n)  # (B, L, H)
 
     def forward_with_state(self, x: Tensor, state: State | None = None, *,
                            norms: list[nn.Module] | None = None) -> tuple[Tensor, State]:
@@ -251,10 +264,11 @@ class LrcBlock(_NormsMixin, nn.Module):
         v = norm_out(s + u)  # (B, L, H) or (B, H)
         return v + self.drop(self.mlp(v))
 
-    def forward(self, x: Tensor, state: State | None = None, *, norms: list[nn.Module] | None = None) -> Tensor:
+    def forward(self, x: Tensor, state: State | None = None, *, norms: list[nn.Module] | None = None,
+                segments: Segments | None = None) -> Tensor:
         n_in, n_out = self._resolve(norms)
         u = n_in(x)
-        return self._post(u, self.core(u, state), n_out)
+        return self._post(u, run_core(self.core, u, state, segments), n_out)
 
     def forward_with_state(self, x: Tensor, state: State | None = None, *,
                            norms: list[nn.Module] | None = None) -> tuple[Tensor, State]:

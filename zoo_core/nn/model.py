@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UsageError
+from ..packing import Segments
 from .adaptive import AdaptiveConfig, AdaptiveResult, run_adaptive, stop_depths
 from .adaptive import prediction as read_prediction
 from .model_state import AdaptiveStream, ModelState
@@ -86,25 +87,26 @@ class SequenceModel(nn.Module):
         self.reshaper = reshaper
         self.adaptive_config = adaptive or AdaptiveConfig()
         self.spec: dict[str, Any] = spec or {}
-        # cores that do not declare "causal" (e.g. a bidirectional scan): end padding would leak into valid steps
+        # cores that do not declare "causal" (a bidirectional scan or block): they must not see end padding, so a
+        # padded batch reaches them as documents (zoo_core.packing), each run on its valid steps alone
         self._non_causal = sorted({type(c).__name__ for c in self.cores() if "causal" not in getattr(c, "capabilities", ())})
 
     # the data path ---------------------------------------------------------------------
-    def _with_time(self, x: Tensor, start: Tensor | int = 0) -> Tensor:
-        """Raw input with the time channel t_i = i / length prepended when configured (B, T, 1 + D)."""
+    def _with_time(self, x: Tensor, start: Tensor | int = 0, positions: Tensor | None = None) -> Tensor:
+        """Raw input with the time channel t_i = i / length prepended when configured (B, T, 1 + D);
+        ``positions`` (B, T): each step's index in its own document (a packed batch)."""
         if self.time_length is None:
             return x
-        steps = torch.arange(x.shape[1], device=x.device, dtype=x.dtype) + torch.as_tensor(start, device=x.device)[..., None].to(x.dtype)
+        if positions is not None:
+            steps = positions.to(x.dtype)
+        else:
+            steps = torch.arange(x.shape[1], device=x.device, dtype=x.dtype) + torch.as_tensor(start, device=x.device)[..., None].to(x.dtype)
         t = (steps / self.time_length).expand(x.shape[0], -1)[..., None]  # (B, T, 1)
         return torch.cat([t, x], dim=-1)
 
     def embed(self, x: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Raw input (B, T, D) or tokens (B, T) → encoder output (B, L, H) and model-step lengths."""
         lengths = _check_lengths(lengths, x.shape[0], x.shape[1])
-        if self._non_causal and lengths is not None and bool((lengths < x.shape[1]).any()):
-            raise ValueError(f"{', '.join(self._non_causal)} is not causal (it reads the sequence in both directions), so "
-                             "end padding would change the valid steps' outputs; run unequal lengths one "
-                             "sample at a time, or group them by length")
         x = self._with_time(x)
         if self.reshaper is not None:
             x, lengths = self.reshaper(x, lengths)  # (B, L, c)
@@ -114,24 +116,72 @@ class SequenceModel(nn.Module):
         """Stack output (B, L, H) → final norm → pool and head: what ``forward`` returns."""
         return self.pool.read(self.final_norm(h), lengths, self.head)
 
+    def padding_layout(self, lengths: Tensor | None, steps: int) -> Segments | None:
+        """A right-padded batch as one document per row, when a non-causal part must not see the
+        padding (None otherwise: causal cores need nothing, the pool masks the padding)."""
+        if not self._non_causal or lengths is None or not bool((lengths < steps).any()):
+            return None
+        return Segments.from_lengths(lengths, steps)
+
+    def embed_packed(self, x: Tensor, seq_idx: Tensor) -> tuple[Tensor, Segments]:
+        """A packed batch (``zoo_core.packing``: several documents per row, ``seq_idx`` (B, T) each step's
+        document within its row, -1 on trailing padding) → encoder output (B, T, H) and its layout.
+        The time channel counts steps within each document."""
+        if self.reshaper is not None:
+            raise UsageError("a packed batch (seq_idx) cannot be reshaped: input.reshape groups raw steps across "
+                             "document boundaries; pack without input.reshape, or pass padded batches with lengths")
+        seg = Segments.from_seq_idx(seq_idx.to(x.device))
+        seg.check(x)
+        return self.encoder(self._with_time(x, positions=seg.position)), seg
+
+    def readout_packed(self, h: Tensor, seg: Segments) -> Tensor:
+        """Stack output of a packed batch → (N, O) per document (pooled tasks, documents row-major)
+        or (B, T, O) per step."""
+        if self.pool.per_step:
+            return self.readout(h)
+        return self.readout(seg.unpack(h), seg.doc_len)
+
     # parallel --------------------------------------------------------------------------
-    def features(self, x: Tensor, lengths: Tensor | None = None) -> Tensor:
+    def features(self, x: Tensor, lengths: Tensor | None = None, *, seq_idx: Tensor | None = None) -> Tensor:
         """Per-step features (B, L, H) after the stack and final norm (L: model steps)."""
-        z, _ = self.embed(x, lengths)
-        return self.final_norm(self.stack(z))
+        z, _, seg = self._embed_any(x, lengths, seq_idx)
+        return self.final_norm(self.stack(z, seg))
 
-    def forward(self, x: Tensor, lengths: Tensor | None = None) -> Tensor:
-        """x (B, T, D) features or (B, T) tokens; ``lengths`` (B,) valid steps per sample (None: all)."""
-        z, n = self.embed(x, lengths)
-        return self.readout(self.stack(z), n)
+    def forward(self, x: Tensor, lengths: Tensor | None = None, *, seq_idx: Tensor | None = None) -> Tensor:
+        """x (B, T, D) features or (B, T) tokens; ``lengths`` (B,) valid steps per sample (None: all).
 
-    def period_outputs(self, x: Tensor, lengths: Tensor | None = None) -> list[Tensor]:
+        ``seq_idx`` (B, T) packs several documents per row (``zoo_core.packing``; instead of lengths):
+        every document runs from the zero state as if alone; pooled tasks then return (N, O), one row
+        per document in row-major order, per-step tasks (B, T, O)."""
+        z, n, seg = self._embed_any(x, lengths, seq_idx)
+        if seq_idx is not None:
+            assert seg is not None
+            return self.readout_packed(self.stack(z, seg), seg)
+        return self.readout(self.stack(z, seg), n)
+
+    def period_outputs(self, x: Tensor, lengths: Tensor | None = None, *, seq_idx: Tensor | None = None) -> list[Tensor]:
         """The shared head after each complete period j = 1..depth/m (one element for ABCDEF),
         each shaped like ``forward``'s output; the last equals ``forward(x, lengths)``. The
         blockwise loss is the mean of the loss over these."""
-        z, n = self.embed(x, lengths)
+        z, n, seg = self._embed_any(x, lengths, seq_idx)
         m = self.stack.period
-        return [self.readout(h, n) for k, h in self.stack.iterate(z) if k % m == 0]
+        hs = [h for k, h in self.stack.iterate(z, segments=seg) if k % m == 0]
+        if seq_idx is not None:
+            assert seg is not None
+            return [self.readout_packed(h, seg) for h in hs]
+        return [self.readout(h, n) for h in hs]
+
+    def _embed_any(self, x: Tensor, lengths: Tensor | None, seq_idx: Tensor | None
+                   ) -> tuple[Tensor, Tensor | None, Segments | None]:
+        """Padded (lengths) or packed (seq_idx) input → encoder output, model-step lengths (padded
+        batches) and the layout the stack needs (packed batches; padded ones with non-causal parts)."""
+        if seq_idx is not None:
+            if lengths is not None:
+                raise UsageError("give lengths (a padded batch) or seq_idx (a packed one, -1 on padding), not both")
+            z, seg = self.embed_packed(x, seq_idx)
+            return z, None, seg
+        z, n = self.embed(x, lengths)
+        return z, n, self.padding_layout(n, z.shape[1])
 
     def adaptive(self, x: Tensor, lengths: Tensor | None = None, *, epsilon: float | None = None,
                  max_depth: int | None = None, min_depth: int | None = None, stop_at: str | None = None,

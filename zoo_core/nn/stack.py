@@ -34,6 +34,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from ..packing import Segments
 from ..protocols import State
 from ..stacking_policies import schedule_period
 from .blocks import Block, LrcBlock
@@ -132,10 +133,11 @@ class Stack(nn.Module):
             return y
         return (1 - a) * h + a * y  # Krasnosel'skii–Mann
 
-    def run_position(self, pos: int, h: Tensor) -> Tensor:
-        """Depth position ``pos`` on a whole sequence h (B, L, H), from a zero state. (Not ``apply``:
-        that is ``nn.Module.apply(fn)``, which ``model.apply(init_fn)`` must reach.)"""
-        return self._damp(pos, h, self.block(self.block_index(pos))(h, norms=self._norms(pos)))
+    def run_position(self, pos: int, h: Tensor, segments: Segments | None = None) -> Tensor:
+        """Depth position ``pos`` on a whole sequence h (B, L, H), from a zero state; ``segments``: the
+        documents of a packed batch (``zoo_core.packing``). (Not ``apply``: that is ``nn.Module.apply(fn)``,
+        which ``model.apply(init_fn)`` must reach.)"""
+        return self._damp(pos, h, self.block(self.block_index(pos))(h, norms=self._norms(pos), segments=segments))
 
     def apply_with_state(self, pos: int, h: Tensor, state: State | None) -> tuple[Tensor, State]:
         y, s = self.block(self.block_index(pos)).forward_with_state(h, state, norms=self._norms(pos))
@@ -146,15 +148,15 @@ class Stack(nn.Module):
         return self._damp(pos, h_t, y), s
 
     # whole stacks -----------------------------------------------------------------------
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, segments: Segments | None = None) -> Tensor:
         for pos in range(self.depth):
-            x = self.run_position(pos, x)  # (B, L, H)
+            x = self.run_position(pos, x, segments)  # (B, L, H)
         return x
 
-    def iterate(self, x: Tensor, depth: int | None = None) -> Iterator[tuple[int, Tensor]]:
+    def iterate(self, x: Tensor, depth: int | None = None, segments: Segments | None = None) -> Iterator[tuple[int, Tensor]]:
         """Yield (number of positions applied, features (B, L, H)) after each position, 1..depth."""
         for pos in range(self.depth if depth is None else depth):
-            x = self.run_position(pos, x)
+            x = self.run_position(pos, x, segments)
             yield pos + 1, x
 
     def forward_with_state(self, x: Tensor, states: Sequence[State] | None = None) -> tuple[Tensor, list[State]]:

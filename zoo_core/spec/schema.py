@@ -136,6 +136,16 @@ BLOCK_PRESETS: dict[str, dict[str, Any]] = {
 _RESIDUAL_ONLY = ("prenorm", "output", "residual")
 
 
+class BidirectionalSpec(_Strict):
+    """``block.bidirectional``: run every block's causal core forward and on the time-reversed
+    sequence, and combine (``zoo_core.nn.bidirectional``). The model is then not causal."""
+
+    combine: Literal["sum", "concat", "gate"] = Field(
+        "concat", description="sum: y_fwd + y_bwd; concat: a linear map of [y_fwd; y_bwd]; gate: g ⊙ y_fwd + (1 − g) ⊙ y_bwd, "
+        "g = σ(linear [y_fwd; y_bwd])")
+    shared: bool = Field(False, description="one core run both ways (true) or a second core of the same kind and settings (false)")
+
+
 class BlockSpec(_Strict):
     """The residual block around each core; ``preset`` fills defaults, explicit keys win."""
 
@@ -150,6 +160,8 @@ class BlockSpec(_Strict):
     output: Literal["glu", "linear", "none"] = "glu"
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     residual: bool = True
+    bidirectional: BidirectionalSpec | None = Field(
+        None, description="run each core in both directions (non-causal: classification, tagging); see BidirectionalSpec")
 
     @model_validator(mode="before")
     @classmethod
@@ -169,7 +181,7 @@ class BlockSpec(_Strict):
 
     def recipe(self) -> dict[str, Any]:
         """The keyword arguments of the layout's block class (``zoo_core.nn.blocks.make_block``)."""
-        exclude = {"preset", "layout"} | (set(_RESIDUAL_ONLY) | {"output"} if self.layout == "lrcssm" else set())
+        exclude = {"preset", "layout", "bidirectional"} | (set(_RESIDUAL_ONLY) | {"output"} if self.layout == "lrcssm" else set())
         return self.model_dump(exclude=exclude)
 
 
@@ -322,6 +334,10 @@ class ModelSpec(_Strict):
                 raise ValueError(f"task.{f} {token} is outside the vocabulary (input.vocab_size {self.input.vocab_size})")
         if self.model.tie_embeddings and self.task.kind != "lm":
             raise ValueError("model.tie_embeddings applies to task kind 'lm' only")
+        if self.task.kind == "lm" and self.model.block.bidirectional is not None:
+            raise ValueError("task kind 'lm' predicts the next token, and model.block.bidirectional reads the sequence "
+                             "backwards too (each step would see the token it must predict); drop it, or use task kind "
+                             "sequence or classification")
         pooled = self.task.kind in ("classification", "regression")
         if self.model.pool == "none" and pooled:
             raise ValueError(f"task kind {self.task.kind!r} needs a pool (mean, last or mean_logits)")

@@ -56,15 +56,19 @@ log = logging.getLogger(__name__)
 
 
 def check_model_fits(spec: Spec, cfg: TrainingSpec, dataset: Dataset) -> None:
-    """What padded batches need from the model: causal cores (masking the pool is then exact)."""
+    """What the task and the data need from the model, read from the spec before building: a next-token
+    task needs a causal model (a non-causal core or block.bidirectional would read the token it predicts);
+    padded batches are exact for every model (non-causal parts run each sequence on its valid steps)."""
+    entries = [entry for entry, _ in spec.named.values()] or [spec.core]  # every core of a hybrid stack
+    if spec.envelope.task.kind == "lm":
+        readers = [f"core {e.name!r}" for e in entries if "causal" not in e.capabilities]
+        if spec.envelope.model.block.bidirectional is not None:
+            readers.append("model.block.bidirectional")
+        if readers:
+            raise SpecError(f"task kind 'lm' predicts each next token, but {' and '.join(readers)} reads the sequence "
+                            "backwards too, so every step would see the token it must predict; use causal cores")
     if not dataset.info.unequal_length:
         return
-    entries = [entry for entry, _ in spec.named.values()] or [spec.core]  # every core of a hybrid stack
-    for entry in entries:
-        if "causal" not in entry.capabilities:  # the registered capabilities: no model needs building
-            raise SpecError(f"{dataset.info.name!r} has sequences of unequal length, padded at the end, but core "
-                            f"{entry.name!r} is not causal: the padding would reach the valid steps. Use a causal "
-                            "core or an equal-length dataset")
     norms = spec.envelope.model.block.norm
     if norms in ("batch", "ema_batch"):
         log.warning("%s has sequences of unequal length: in training, block.norm %s takes its batch statistics over "
