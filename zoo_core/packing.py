@@ -18,9 +18,9 @@ leaving padding where it is (what a bidirectional block needs so padding never r
 A packed run starts every document from the zero state and returns each document's final state
 (batch N, documents in row-major order), so any document can be continued with ``step``. A core runs
 packed batches natively when it declares the capability ``packing`` and implements
-``forward_packed(x, segments, *, with_states=True) -> (y, states or None)``: the state is reset at every document start inside its parallel path
-(a scan's transition zeroed there, a short convolution's window cut there, attention masked to the
-document). ``run_packed`` runs any core: natively, or else each document on its own, grouped by length
+``forward_packed(x, segments, *, with_states=True) -> (y, states or None)``: the state is reset at
+every document start inside its parallel path (a scan's transition zeroed there, a short convolution's
+window cut there, attention masked to the document). ``run_packed`` runs any core: natively, or else each document on its own, grouped by length
 (exact, slower, announced once per core).
 """
 

@@ -100,7 +100,8 @@ class SequenceModel(nn.Module):
         if positions is not None:
             steps = positions.to(x.dtype)
         else:
-            steps = torch.arange(x.shape[1], device=x.device, dtype=x.dtype) + torch.as_tensor(start, device=x.device)[..., None].to(x.dtype)
+            offset = torch.as_tensor(start, device=x.device)[..., None].to(x.dtype)
+            steps = torch.arange(x.shape[1], device=x.device, dtype=x.dtype) + offset
         t = (steps / self.time_length).expand(x.shape[0], -1)[..., None]  # (B, T, 1)
         return torch.cat([t, x], dim=-1)
 

@@ -470,7 +470,8 @@ def check_packing(case: CoreCase) -> None:
     final state, and the gradients of the input and every parameter; for every backend combination.
     A core declaring ``packing`` is checked on its native ``forward_packed``, any other on the
     by-documents path every core gets."""
-    choices = all_choices(paths=case.cls.paths, problem=case.cls.problem, registry=case.registry) if getattr(case.cls, "paths", None) else []
+    has_paths = bool(getattr(case.cls, "paths", None))
+    choices = all_choices(paths=case.cls.paths, problem=case.cls.problem, registry=case.registry) if has_paths else []
     settings = [c.as_setting() for c in choices] or [None]
     grows = "growing_state" in case.capabilities
     for setting in settings:
@@ -507,7 +508,8 @@ def check_packing(case: CoreCase) -> None:
         names = [n for n, p in core.named_parameters() if p.requires_grad]
         for n, gr, rg in zip(names, grads[1:], rgrads[len(xs):], strict=True):
             if (gr is None) != (rg is None):
-                raise ConformanceError(f"{label}: grad {n}: packed {'none' if gr is None else 'some'}, alone {'none' if rg is None else 'some'}")
+                raise ConformanceError(f"{label}: grad {n}: packed {'none' if gr is None else 'some'}, "
+                                       f"alone {'none' if rg is None else 'some'}")
             if gr is not None and rg is not None:
                 assert_close(f"{label}: grad {n}", rg, gr, rtol=case.rtol * 10, atol=case.atol * 10)
         if states is None:
