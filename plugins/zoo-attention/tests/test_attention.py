@@ -230,9 +230,12 @@ def test_bidirectional_reads_the_future_and_refuses_streaming():
             call()
     spec = {"schema_version": 1, "task": {"kind": "classification", "classes": 3}, "input": {"channels": 12},
             "model": {"d_model": 12, "depth": 1, "core": {"kind": "attention-bidirectional", "n_heads": 3}}}
-    model = build_model(spec, seed=0)
-    with pytest.raises(ValueError, match="AttentionBidirectional is not causal"):
-        model(x, lengths=torch.tensor([5]))
+    model = build_model(spec, seed=0, dtype=F64).eval()
+    x2 = torch.cat([x, xs(1, 9, seed=5) * 1e3])  # a padded batch reaches the core as documents (its native packed path)
+    with torch.no_grad():
+        padded = model(x2, lengths=torch.tensor([9, 5]))
+        assert_close("padded sample", model(x2[1:, :5])[0], padded[1], **TIGHT)
+        assert_close("full sample", model(x)[0], padded[0], **TIGHT)
 
 
 @pytest.mark.parametrize(("kw", "field", "rule"), [

@@ -15,6 +15,9 @@ number of tokens seen, so RoPE positions continue across chunks. Without a windo
 (S = pos; ``growing_state``). With a window it is a ring buffer of S = W slots: the key of
 position p lives in slot p mod W, so the buffer holds exactly the last W positions and streaming
 memory is constant, as for the SSMs. Slots of positions < 0 (not seen yet) are masked.
+
+Packed documents (``forward_packed``, ``zoo_core.packing``): p restarts at every document and M also
+requires the same document, in one call over the packed rows; each document's cache is read from it.
 """
 
 from __future__ import annotations

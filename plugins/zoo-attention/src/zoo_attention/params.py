@@ -3,7 +3,8 @@
 Two models because capabilities belong to a core: ``attention`` is causal and streams with a KV
 cache (``growing_state``: without a window the cache grows with length; with one it is a ring
 buffer of ``window`` slots, so ``grows_state()`` is False); ``attention-bidirectional`` reads the
-whole sequence, so it is neither causal nor streamable. Their fields are the same.
+whole sequence, so it is neither causal nor streamable. Both run packed documents natively
+(``packing``: masked to each document). Their fields are the same.
 """
 
 from __future__ import annotations
