@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zoo_core import packing
 from zoo_core.packing import Segments, run_packed
+from zoo_core.testing.packed import assert_matches_solo, assert_padded_prefill, long_layout, native_only, packed_input
 from zoo_gdn.core import GatedDeltaNet
 from zoo_gdn.ops import gated_delta_chunked, gated_delta_sequential
 
@@ -124,57 +124,27 @@ def layer(backend: str, dtype: torch.dtype = F64, chunk_size: int = 4) -> GatedD
     return core.eval()
 
 
-def solo_states(core: GatedDeltaNet, x: torch.Tensor, seg: Segments) -> list[dict[str, torch.Tensor]]:
-    return [core.forward_with_state(x[b:b + 1, s:s + n])[1]
-            for b, s, n in zip(*(t.tolist() for t in (seg.doc_row, seg.doc_start, seg.doc_len)), strict=True)]
-
-
 @pytest.mark.parametrize("backend", OPS)
-def test_the_layer_packs_natively(backend, monkeypatch):
-    """run_packed takes the core's own path: the by-documents fallback is never called."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("by_documents called: GatedDeltaNet should run packed batches natively")
-
-    monkeypatch.setattr(packing, "by_documents", refuse)
+def test_the_layer_packs_natively_and_without_states(backend):
+    """run_packed takes the core's own path (the by-documents fallback would raise), with or without states."""
     seg = layout()
-    y, states = run_packed(layer(backend), torch.randn(*seg.shape, 6, dtype=F64), seg, with_states=True)
-    assert y.shape == (*seg.shape, 6) and states is not None and states["ssm"].shape[0] == seg.num_docs
-    assert run_packed(layer(backend), torch.randn(*seg.shape, 6, dtype=F64), seg)[1] is None
+    x = packed_input(seg, 6)
+    _, states = assert_matches_solo(layer(backend), x, seg, rtol=1e-10, atol=1e-10)
+    assert states is not None and states["ssm"].shape == (seg.num_docs, 2, 3, 4)
+    with native_only():
+        assert run_packed(layer(backend), x, seg)[1] is None
 
 
 @pytest.mark.parametrize("backend", OPS)
 def test_right_padded_prefill_keeps_each_samples_state(backend):
-    """transformers issue 48256 (padding steps corrupting the carried state): a right-padded batch whose
-    padding holds large random values gives each sample's solo outputs and final state."""
-    core = layer(backend)
-    lengths = torch.tensor([11, 4, 1, 8])
-    seg = Segments.from_lengths(lengths, 11)
-    x = torch.randn(4, 11, 6, dtype=F64)
-    x = torch.where(seg.valid[..., None], x, 1e4 * torch.randn(x.shape, dtype=F64))
-    y, states = run_packed(core, x, seg, with_states=True)
-    assert states is not None and bool(torch.isfinite(y).all())
-    for i, (n, solo) in enumerate(zip(lengths.tolist(), solo_states(core, x, seg), strict=True)):
-        torch.testing.assert_close(y[i, :n], core(x[i:i + 1, :n])[0], rtol=1e-10, atol=1e-10)
-        for k in solo:
-            torch.testing.assert_close(states[k][i], solo[k][0], rtol=1e-10, atol=1e-10)
+    """transformers issue 48256: padding holding values ~1e4 never reaches an output or a final state."""
+    assert_padded_prefill(layer(backend), 6)
 
 
 @pytest.mark.parametrize("backend", OPS)
 def test_float32_long_packed_rows(backend):
-    """L = 300, eight documents (lengths 1 and 2, and ones crossing several chunks of 32, one ending on a
-    chunk boundary), float32: outputs and final states equal each document alone to float32 tolerance."""
-    core = layer(backend, torch.float32, chunk_size=32)
-    lens = [[1, 95, 64, 140], [2, 150, 61, 70]]  # row 0 ends at 300, row 1 at 283 (17 steps of padding)
-    seq = torch.full((2, 300), -1)
-    for r, row in enumerate(lens):
-        seq[r, :sum(row)] = torch.repeat_interleave(torch.arange(len(row)), torch.tensor(row))
-    seg = Segments.from_seq_idx(seq)
-    x = torch.randn(2, 300, 6)
-    with torch.no_grad():
-        y, states = run_packed(core, x, seg, with_states=True)
-        assert states is not None
-        for d, (b, s, n) in enumerate(zip(*(t.tolist() for t in (seg.doc_row, seg.doc_start, seg.doc_len)), strict=True)):
-            y_d, s_d = core.forward_with_state(x[b:b + 1, s:s + n])
-            torch.testing.assert_close(y[b, s:s + n], y_d[0], rtol=1e-4, atol=1e-5)
-            for k in s_d:
-                torch.testing.assert_close(states[k][d], s_d[k][0], rtol=1e-4, atol=1e-5)
+    """L = 300, seven documents (lengths 1 and 2, several crossing chunks of 32, one ending at the row's
+    end), float32: outputs and final states equal each document alone to float32 tolerance."""
+    seg = long_layout()
+    assert_matches_solo(layer(backend, torch.float32, chunk_size=32), packed_input(seg, 6, dtype=torch.float32), seg,
+                        rtol=1e-4, atol=1e-5)
