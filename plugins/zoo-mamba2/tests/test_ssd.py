@@ -86,3 +86,85 @@ def test_a_second_order_gradient_is_refused_by_name():
     (gx,) = torch.autograd.grad(y.square().sum(), ins["x"], create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         gx.sum().backward()
+
+
+# packed documents: reset / ends --------------------------------------------------------------------
+def _marks(lengths_per_row, L):
+    """reset (document starts) and ends (document last steps), (Bt, L) bool, from each row's lengths."""
+    from zoo_core.packing import Segments
+
+    seq = torch.full((len(lengths_per_row), L), -1, dtype=torch.long)
+    for b, lens in enumerate(lengths_per_row):
+        seq[b, : sum(lens)] = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+    seg = Segments.from_seq_idx(seq)
+    ends = torch.zeros(seg.shape, dtype=torch.bool)
+    ends[seg.doc_row, seg.doc_end] = True
+    return seg, seg.starts, ends
+
+
+# Q = 4: starts on a boundary (8), just after (5, 13), just before (3, 11), lengths 1, and a document
+# spanning three chunks; Q = 1 (every step its own chunk) and Q > L (one chunk)
+LAYOUT = [[3, 2, 3, 1, 4, 2], [1, 10, 3, 1]]
+
+
+@pytest.mark.parametrize("Q", [1, 2, 3, 4, 5, 8, 64])
+def test_resets_chunked_equal_the_recurrence_and_each_document_alone_with_all_gradients(Q):
+    L = 16
+    seg, reset, ends = _marks(LAYOUT, L)
+    ins = _inputs(2, L, 4, 3, 2, 5, seed=Q, h0=False)
+    g = torch.Generator().manual_seed(9)
+    wy = torch.randn(2, L, 4, 3, generator=g, dtype=F64) * seg.valid[..., None, None]
+    wh = torch.randn(seg.num_docs, 4, 3, 5, generator=g, dtype=F64)
+    leaves = [ins[k] for k in ("x", "dt", "A", "B", "C")]
+
+    def run(fn):
+        y, h = fn(*leaves, Q, reset=reset, ends=ends)
+        return [y[seg.valid], h, *torch.autograd.grad((y * wy).sum() + (h * wh).sum(), leaves)]
+
+    ref, out = run(ssd_sequential), run(ssd_chunked)
+    for name, r, o in zip(["y", "states", "x", "dt", "A", "B", "C"], ref, out, strict=True):
+        torch.testing.assert_close(o, r, rtol=1e-10, atol=1e-10, msg=lambda m, n=name: f"Q={Q} {n}: {m}")
+    # the ground truth: each document alone from the zero state (no reset involved)
+    with torch.no_grad():
+        for i, (b, s, n) in enumerate(zip(seg.doc_row.tolist(), seg.doc_start.tolist(), seg.doc_len.tolist(), strict=True)):
+            piece = lambda t: t[b: b + 1, s: s + n]  # noqa: E731
+            y1, h1 = ssd_sequential(piece(ins["x"]), piece(ins["dt"]), ins["A"], piece(ins["B"]), piece(ins["C"]), Q)
+            torch.testing.assert_close(out[0][seg.doc_id[seg.valid] == i], y1[0], rtol=1e-10, atol=1e-10)
+            torch.testing.assert_close(out[1][i], h1[0], rtol=1e-10, atol=1e-10)
+
+
+def test_ends_without_reset_are_the_states_along_one_sequence():
+    """``ends`` alone reads the running state at any step, wherever in a chunk, h0 included."""
+    ins = _inputs(2, 13, 2, 3, 1, 4, seed=4, h0=True)
+    ends = torch.zeros(2, 13, dtype=torch.bool)
+    ends[0, [0, 3, 4, 12]] = True
+    ends[1, [7]] = True
+    args = [ins[k] for k in ("x", "dt", "A", "B", "C")]
+    with torch.no_grad():
+        _, ref = ssd_sequential(*args, 4, ins["h0"], ends=ends)
+        _, out = ssd_chunked(*args, 4, ins["h0"], ends=ends)
+        _, h7 = ssd_sequential(*(t[1:, :8] if t.dim() > 1 else t for t in args), 4, ins["h0"][1:])
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(out[-1], h7[0], rtol=1e-10, atol=1e-10)
+
+
+def test_resets_keep_float32_gradients_finite_under_strong_decay():
+    """Δ·A = −60 a step: exp underflows to 0 inside a document; the reset masks must not turn that
+    (or anything across a start) into NaN in the values or the gradients."""
+    seg, reset, ends = _marks([[40, 1, 90, 29], [160]], 160)
+    ins = _inputs(2, 160, 2, 2, 1, 3, seed=6, h0=False)
+    leaves = [ins["x"].float().detach().requires_grad_(), (ins["dt"] * 20).float().detach().requires_grad_(),
+              torch.full((2,), -3.0, requires_grad=True), ins["B"].float(), ins["C"].float()]
+    y, h = ssd_chunked(*leaves, 64, reset=reset, ends=ends)
+    grads = torch.autograd.grad(y.sum() + h.sum(), leaves[:3])
+    assert all(torch.isfinite(t).all() for t in (y, h, *grads))
+
+
+def test_bad_marks_are_refused_naming_the_shape():
+    ins = _inputs(1, 6, 2, 3, 1, 4, seed=2, h0=False)
+    args = [ins[k] for k in ("x", "dt", "A", "B", "C")]
+    for fn in (ssd_chunked, ssd_sequential):
+        with pytest.raises(ValueError, match=r"reset must be a bool \(Bt, L\) = \(1, 6\) mask"):
+            fn(*args, 4, reset=torch.zeros(1, 6))
+        with pytest.raises(ValueError, match=r"ends must be a bool \(Bt, L\) = \(1, 6\) mask"):
+            fn(*args, 4, ends=torch.zeros(1, 5, dtype=torch.bool))
