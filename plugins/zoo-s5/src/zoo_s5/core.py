@@ -17,7 +17,8 @@ costs H²·P·L (vs the scan's 2·H·P·L per sequence) and the FFT product B·H
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -26,6 +27,7 @@ from torch import Tensor, nn
 from zoo_core.corebase import CoreBase
 from zoo_core.errors import ZooError
 from zoo_core.init.diag import log_uniform_dt
+from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, complex_dtype, require_float
 
@@ -118,19 +120,33 @@ class S5(CoreBase, params=S5Params):
 
     # sequence --------------------------------------------------------------------------
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        y, h = self._run(x, state)
+        y, _, h = self._run(x, state)
         return y, {"h": h}
 
-    def _run(self, x: Tensor, state: State | None) -> tuple[Tensor, Tensor]:
+    def forward_packed(self, x: Tensor, segments: Segments, *, with_states: bool = True) -> tuple[Tensor, State | None]:
+        """Packed documents (``zoo_core.packing``) in one scan with ``reset`` at every document start;
+        each final state is the document's last step. (Bidirectional: ``_run`` also reverses time
+        inside each document for the second scan.)"""
+        segments.check(x)
+        y, h, _ = self._run(x, None, segments)
+        return y, ({"h": segments.at_ends(h)} if with_states else None)
+
+    def _run(self, x: Tensor, state: State | None, segments: Segments | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """(outputs (B, L, H), every state (B, L, P), final state (B, P)). With ``segments`` (packed
+        documents, no incoming state) both scans restart at every document start, and the reverse
+        one runs on time reversed inside each document (``segments.reverse``) instead of the whole row,
+        so no document sees its neighbour and padding (left in place) never reaches a valid step."""
         require_float(x, type(self).__name__)
         a, b = self.discrete()  # (P,), (P, H)
         bu = _project(x, b)  # (B, L, P)
-        h, h_last = self.ops.scan(a, bu, None if state is None else state["h"])  # (B, L, P), (B, P)
+        scan = self.ops.scan if segments is None else functools.partial(self.ops.scan, reset=segments.starts)
+        h, h_last = scan(a, bu, None if state is None else state["h"])  # (B, L, P), (B, P)
         y = _readout(h, torch.view_as_complex(self.C))  # (B, L, H)
         if self.bidirectional:
-            h_rev, _ = self.ops.scan(a, bu.flip(1), None)  # (B, L, P) in reversed time
-            y = y + _readout(h_rev.flip(1), torch.view_as_complex(self.C_reverse))
-        return (y + x * self.D).to(x.dtype), h_last
+            flip: Callable[[Tensor], Tensor] = (lambda t: t.flip(1)) if segments is None else segments.reverse
+            h_rev, _ = scan(a, flip(bu), None)  # (B, L, P) in reversed time
+            y = y + _readout(flip(h_rev), torch.view_as_complex(self.C_reverse))
+        return (y + x * self.D).to(x.dtype), h, h_last
 
     # streaming -------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
@@ -171,6 +187,10 @@ class S5Bidirectional(S5, params=S5BidirectionalParams):
         if state is not None:
             raise self._refuse("continue from a carried state")
         return self._run(x, None)[0], {}
+
+    def forward_packed(self, x: Tensor, segments: Segments, *, with_states: bool = True) -> tuple[Tensor, State | None]:
+        segments.check(x)
+        return self._run(x, None, segments)[0], ({} if with_states else None)
 
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         raise self._refuse("step one token at a time")

@@ -14,7 +14,8 @@ from zoo_core.params import CoreParams, DtRange, DtScale, SsmLr
 
 
 class S5Params(CoreParams, DtRange, DtScale, SsmLr):
-    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "lti", "complex_params", "continuous_time"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "lti", "complex_params", "continuous_time",
+                                                             "packing"})
 
     d_state: int = Field(64, ge=2, le=8192, description="state size N (P in the S5 code; even: N/2 conjugate pairs are stored)")
     blocks: int = Field(8, ge=1, le=4096, description="J: the initial A is J copies of HiPPO-N of size N/J (N/J even)")
@@ -39,4 +40,4 @@ class S5Params(CoreParams, DtRange, DtScale, SsmLr):
 
 
 class S5BidirectionalParams(S5Params):
-    capabilities: ClassVar[frozenset[str]] = frozenset({"lti", "complex_params", "continuous_time"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"lti", "complex_params", "continuous_time", "packing"})
