@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from zoo_core.corebase import CoreBase, runs_path
 from zoo_core.init.diag import S4DInit, log_uniform_dt, s4d_init
 from zoo_core.kernels.systems import DiagSystem
+from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, complex_dtype, require_float
 
@@ -83,6 +84,15 @@ class S4D(CoreBase, params=S4DParams):
         assert h is not None, "every path returns the final state when asked for it"  # narrows the type
         return y, {"h": h}
 
+    def forward_packed(self, x: Tensor, segments: Segments, *, with_states: bool = True) -> tuple[Tensor, State | None]:
+        """Packed documents (``zoo_core.packing``), each from the zero state, in one call of the chosen
+        path: the scan restarts at every document start; the convolution runs on the documents
+        right-aligned (see ``_convolve``)."""
+        require_float(x, "S4D")
+        segments.check(x)
+        y, h = self.run_path(x, self._discrete(), None, with_states, segments)
+        return y + x * self.D, ({"h": h} if h is not None else None)
+
     def _run(self, x: Tensor, state: State | None, want_state: bool) -> tuple[Tensor, Tensor | None]:
         require_float(x, "S4D")
         d = self._discrete()
@@ -91,7 +101,15 @@ class S4D(CoreBase, params=S4DParams):
         return y + x * self.D, h  # (B, L, H)
 
     @runs_path("conv")
-    def _convolve(self, x: Tensor, d: Any, h0: Tensor | None, want_state: bool) -> tuple[Tensor, Tensor | None]:
+    def _convolve(self, x: Tensor, d: Any, h0: Tensor | None, want_state: bool,
+                  segments: Segments | None = None) -> tuple[Tensor, Tensor | None]:
+        if segments is not None:
+            # An FFT convolution cannot restart mid-row, so packed documents run as one batch of
+            # documents right-aligned (zeros before each start): an LTI system's zero state stays zero
+            # under zero input, so every row reaches its document's first step in the zero state and
+            # ends in its final state (_final_state of the row) — exact, one kernel and one conv call.
+            y, h = self._convolve(segments.unpack(x, align="right"), d, None, want_state)  # (N, L_max, H)
+            return segments.pack(y, align="right"), h
         L = x.shape[1]
         C = self._C()
         K = self.ops.kernel(DiagSystem(d.log_a, 2 * C * d.b), L)  # (H, L)
@@ -118,9 +136,14 @@ class S4D(CoreBase, params=S4DParams):
         return h  # (B, H, P)
 
     @runs_path("recurrent")
-    def _recurrent(self, x: Tensor, d: Any, h0: Tensor | None, want_state: bool) -> tuple[Tensor, Tensor]:
+    def _recurrent(self, x: Tensor, d: Any, h0: Tensor | None, want_state: bool,
+                   segments: Segments | None = None) -> tuple[Tensor, Tensor]:
         bu = d.b * x[..., None].to(d.b.dtype)  # (B, L, H, P)
-        h, h_last = self.ops.scan(d.a[None, None], bu, h0)  # (B, L, H, P)
+        if segments is None:
+            h, h_last = self.ops.scan(d.a[None, None], bu, h0)  # (B, L, H, P)
+        else:  # packed documents: the scan restarts at every document start; each ends at its last step
+            h, _ = self.ops.scan(d.a[None, None], bu, None, reset=segments.starts)  # (B, L, H, P)
+            h_last = segments.at_ends(h)  # (N, H, P)
         y = 2 * torch.einsum("blhp,hp->blh", h, self._C()).real  # (B, L, H)
         return y.to(x.dtype), h_last
 

@@ -10,7 +10,8 @@ from zoo_core.params import CoreParams, DtRange, DtScale, SsmLr
 
 
 class S4DParams(CoreParams, DtRange, DtScale, SsmLr):
-    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "lti", "complex_params", "continuous_time"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "lti", "complex_params", "continuous_time",
+                                                             "packing"})
 
     d_state: int = Field(64, ge=2, le=4096, description="state size N (even: N/2 conjugate pairs are stored)")
     init: Literal["legs", "lin", "inv", "real"] = Field("legs", description="S4D-LegS, S4D-Lin, S4D-Inv or S4D-Real spectrum")
