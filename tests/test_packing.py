@@ -143,3 +143,39 @@ def test_conformance_check_catches_a_state_leaking_across_documents(monkeypatch)
     case.capabilities = case.capabilities | {"packing"}
     with pytest.raises(ConformanceError, match="outputs vs each document alone"):
         check_packing(case)
+
+
+def test_pack_batch_puts_every_sequence_in_one_row_intact():
+    from zoo_core.packing import pack_batch
+
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([29, 7, 12, 15, 9, 20, 3, 29, 11])
+    x = torch.randn(9, 29, 2, generator=g)
+    packed, seq_idx, order = pack_batch(x, lengths)
+    assert packed.shape[1] == 29 and packed.shape[0] < 9
+    seg = Segments.from_seq_idx(seq_idx)
+    assert sorted(order.tolist()) == list(range(9)) and seg.num_docs == 9
+    for n in range(9):
+        i = int(order[n])
+        assert int(seg.doc_len[n]) == int(lengths[i])
+        r, s = int(seg.doc_row[n]), int(seg.doc_start[n])
+        assert torch.equal(packed[r, s : s + int(lengths[i])], x[i, : int(lengths[i])])
+    assert bool((packed[~seg.valid] == 0).all())
+    assert int(seg.valid.sum()) == int(lengths.sum())
+    with pytest.raises(ValueError, match="does not fit a packed row of 10"):
+        pack_batch(x, lengths, capacity=10)
+
+
+@pytest.mark.parametrize("core", ["lru", "mamba", "attention"])
+def test_a_packed_batch_scores_as_the_padded_one(core):
+    """model(packed, seq_idx)[n] is model(padded, lengths)[order[n]]: what training with pack relies on."""
+    from zoo_core.build import build_model
+    from zoo_core.packing import pack_batch
+    from zoo_core.testing.helpers import model_spec
+
+    model = build_model(model_spec(core, d_model=8, inp={"channels": 3}), seed=0, dtype=torch.float64).eval()
+    lengths = torch.tensor([9, 4, 1, 6, 9, 2])
+    x = torch.randn(6, 9, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    packed, seq_idx, order = pack_batch(x, lengths)
+    with torch.no_grad():
+        torch.testing.assert_close(model(packed, seq_idx=seq_idx), model(x, lengths)[order])

@@ -275,3 +275,51 @@ def run_packed(core: Any, x: Tensor, segments: Segments, *, with_states: bool = 
              "%s has no native packed path (capability 'packing'): each packed document runs on its own, "
              "grouped by length (exact, one call per distinct length)", name)
     return by_documents(core, x, segments, with_states=with_states)
+
+
+def pack_batch(x: Tensor, lengths: Tensor, capacity: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Pack a right-padded batch into fewer rows: first-fit decreasing (the longest sequence first, each
+    into the first row with room).
+
+    Args:
+        x: (B, T, ...) right-padded sequences (features or tokens).
+        lengths: (B,) valid steps of each.
+        capacity: the steps per packed row (default T; at least the longest sequence).
+
+    Returns:
+        packed: (R, capacity, ...) with R ≤ B rows, zeros on the padding left over;
+        seq_idx: (R, capacity) each step's document within its row, -1 on padding;
+        order: (B,) the sample each document is, documents in row-major order (``Segments``' order),
+        so ``model(packed, seq_idx=seq_idx)`` is ``model(x, lengths)[order]`` for a pooled task.
+    """
+    B, T = x.shape[:2]
+    cap = capacity or T
+    lens = [int(v) for v in lengths.tolist()]
+    if lens and max(lens) > cap:
+        raise ValueError(f"a sequence of {max(lens)} steps does not fit a packed row of {cap}; raise the capacity")
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(B), key=lambda i: (-lens[i], i)):
+        r = next((r for r, f in enumerate(free) if lens[i] <= f), None)
+        if r is None:
+            rows.append([i])
+            free.append(cap - lens[i])
+        else:
+            rows[r].append(i)
+            free[r] -= lens[i]
+    src_b = torch.zeros(len(rows), cap, dtype=torch.long)
+    src_t = torch.zeros(len(rows), cap, dtype=torch.long)
+    seq_idx = torch.full((len(rows), cap), -1, dtype=torch.long)
+    for r, members in enumerate(rows):
+        t = 0
+        for d, i in enumerate(members):
+            src_b[r, t : t + lens[i]] = i
+            src_t[r, t : t + lens[i]] = torch.arange(lens[i])
+            seq_idx[r, t : t + lens[i]] = d
+            t += lens[i]
+    src_b, src_t, seq_idx = (v.to(x.device) for v in (src_b, src_t, seq_idx))
+    packed = x[src_b, src_t]
+    keep = (seq_idx >= 0).reshape(*seq_idx.shape, *([1] * (x.dim() - 2)))
+    packed = torch.where(keep, packed, torch.zeros((), dtype=x.dtype, device=x.device))
+    order = torch.tensor([i for members in rows for i in members], dtype=torch.long, device=x.device)
+    return packed, seq_idx, order

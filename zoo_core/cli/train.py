@@ -44,6 +44,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {
         "dataset": args.dataset, "protocol": args.protocol, "lr": lr, "seeds": args.seeds, "epochs": args.epochs,
         "batch_size": args.batch_size, "early_stop": args.early_stop, "loss": args.loss, "normalize": args.normalize,
+        "pack": True if args.pack else None,
     }
     output = args.output or str(Path("runs") / f"{Path(args.spec).stem}-{args.dataset or 'run'}")
     progress = Progress(quiet=args.quiet, bar=False if args.plain else None)
@@ -100,6 +101,8 @@ def register_cli(sub: Any) -> None:
     s.add_argument("--early-stop", type=int, help="patience in epochs")
     s.add_argument("--loss", choices=("final", "blockwise"))
     s.add_argument("--normalize", choices=("none", "zscore"))
+    s.add_argument("--pack", action="store_true",
+                   help="pack unequal-length training sequences several to a row (less padding; reports what it saved)")
     s.add_argument("-o", "--output", help="run folder (default runs/<spec>-<dataset>)")
     s.add_argument("--resume", action="store_true", help="continue the run in --output where it stopped")
     s.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")

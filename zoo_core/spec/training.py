@@ -52,6 +52,8 @@ class TrainingSpec(BaseModel):
     val_fraction: float = Field(0.15 / 0.85, gt=0, lt=1, description="protocol official: the share of the train split held out")
     deterministic: bool = Field(True, description="torch.use_deterministic_algorithms (warn-only where an op has none)")
     save_every: int = Field(1, gt=0, description="write a resumable checkpoint every this many epochs")
+    pack: bool = Field(False, description="pack each training batch's unequal-length sequences several to a row "
+                       "(seq_idx; every sequence still starts from the zero state) instead of padding each to the longest")
 
     @field_validator("lr")
     @classmethod

@@ -25,6 +25,7 @@ from ..datasets import SplitData
 from ..errors import ZooError
 from ..io.atomic import atomic_write_file
 from ..io.pretrained import load_weights_file, save_pretrained
+from ..packing import pack_batch
 from ..spec.training import TrainingSpec
 from .ddp import DistContext, shard
 from .progress import Progress
@@ -63,7 +64,9 @@ def selection_metric(spec_metric: str, task: str) -> str:
     return spec_metric
 
 
-def call_model(model: nn.Module, x: Tensor, lengths: Tensor | None) -> Tensor:
+def call_model(model: nn.Module, x: Tensor, lengths: Tensor | None, seq_idx: Tensor | None = None) -> Tensor:
+    if seq_idx is not None:
+        return model(x, seq_idx=seq_idx)
     return model(x) if lengths is None else model(x, lengths=lengths)
 
 
@@ -75,10 +78,11 @@ class Objective(nn.Module):
         self.model = model
         self.blockwise = blockwise
 
-    def forward(self, x: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, ...]:
+    def forward(self, x: Tensor, lengths: Tensor | None = None, seq_idx: Tensor | None = None) -> tuple[Tensor, ...]:
         if self.blockwise:
-            return tuple(self.model.period_outputs(x, lengths=lengths))  # type: ignore[operator]  # blockwise: a SequenceModel (typed nn.Module here)
-        return (call_model(self.model, x, lengths),)
+            # blockwise: a SequenceModel (typed nn.Module here)
+            return tuple(self.model.period_outputs(x, lengths=lengths, seq_idx=seq_idx))  # type: ignore[operator]
+        return (call_model(self.model, x, lengths, seq_idx),)
 
 
 def _batch(data: dict[str, Tensor], idx: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -256,11 +260,19 @@ def _train_epoch(model: nn.Module, runner: nn.Module, optimizer: torch.optim.Opt
     model.train()
     ctx.progress.start_epoch(f"epoch {epoch}/{cfg.epochs}", len(batches))
     start, loss_sum, count = time.perf_counter(), 0.0, 0
+    steps = {"valid": 0, "padded": 0, "packed": 0}  # what the batches hold, padded vs packed
     for step, batch in enumerate(batches):
         idx, weights = shard(batch, rank, world)
         x, y, lengths = _batch(tr, idx.to(tr["X"].device))
         optimizer.zero_grad(set_to_none=True)
-        outs = runner(x, lengths)
+        seq_idx = None
+        if cfg.pack and lengths is not None:
+            x, seq_idx, order = pack_batch(x, lengths)  # documents come back in row-major order: reorder the targets
+            y, weights = y[order], weights[order.cpu()]
+            steps["valid"] += int(lengths.sum())
+            steps["padded"] += int(lengths.numel() * int(lengths.max()))
+            steps["packed"] += int(seq_idx.numel())
+        outs = runner(x, lengths if seq_idx is None else None, seq_idx)
         per = torch.stack([per_sample_loss(ctx.task, o, y) for o in outs]).mean(dim=0)  # (B_rank,)
         loss = (per * weights.to(per)).sum() * (world / len(batch))
         loss.backward()
@@ -276,13 +288,21 @@ def _train_epoch(model: nn.Module, runner: nn.Module, optimizer: torch.optim.Opt
         loss_sum += float(total) * len(batch)
         count += len(batch)
         ctx.progress.step(float(total))
-    return {"epoch": epoch, "train_loss": loss_sum / max(count, 1), "time_s": time.perf_counter() - start, "steps": len(batches)}
+    record: dict[str, Any] = {"epoch": epoch, "train_loss": loss_sum / max(count, 1), "time_s": time.perf_counter() - start,
+                              "steps": len(batches)}
+    if steps["valid"]:  # --pack: the share of padding in the batches, padded vs packed
+        record["padding"] = {"padded": 1 - steps["valid"] / steps["padded"], "packed": 1 - steps["valid"] / steps["packed"],
+                             "steps_padded": steps["padded"], "steps_packed": steps["packed"]}
+    return record
 
 
 def _describe(epoch: int, total: int, record: dict[str, Any], metric: str) -> str:
     val = record[f"val_{metric}"]
+    pad = record.get("padding")
+    packed = (f"  packed: padding {pad['padded']:.0%} -> {pad['packed']:.0%} of the steps "
+              f"({pad['steps_padded']:,} -> {pad['steps_packed']:,})" if pad else "")
     return (f"epoch {epoch}/{total}  train_loss {record['train_loss']:.4f}  val_loss {record['val_loss']:.4f}  "
-            f"val_{metric} {val:.4f}  ({record['time_s']:.2f} s)")
+            f"val_{metric} {val:.4f}  ({record['time_s']:.2f} s){packed}")
 
 
 def _finish(model: nn.Module, state: dict[str, Any], va: dict[str, Tensor], te: dict[str, Tensor], ctx: RunContext,

@@ -67,6 +67,16 @@ def check_model_fits(spec: Spec, cfg: TrainingSpec, dataset: Dataset) -> None:
         if readers:
             raise SpecError(f"task kind 'lm' predicts each next token, but {' and '.join(readers)} reads the sequence "
                             "backwards too, so every step would see the token it must predict; use causal cores")
+    if cfg.pack:
+        env = spec.envelope
+        if env.task.kind not in ("classification", "regression"):
+            raise SpecError(f"training.pack packs whole sequences several to a row for a pooled task (one target per "
+                            f"sequence); task kind {env.task.kind!r} has a target per step: leave pack off")
+        if env.input.reshape is not None:
+            raise SpecError("training.pack cannot combine with input.reshape (it groups raw steps across the packed "
+                            "sequences' boundaries); leave one of them off")
+        if not dataset.info.unequal_length:
+            log.info("training.pack: %s has sequences of equal length, so there is no padding to save", dataset.info.name)
     if not dataset.info.unequal_length:
         return
     norms = spec.envelope.model.block.norm
