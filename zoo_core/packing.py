@@ -20,8 +20,10 @@ A packed run starts every document from the zero state and returns each document
 packed batches natively when it declares the capability ``packing`` and implements
 ``forward_packed(x, segments, *, with_states=True) -> (y, states or None)``: the state is reset at
 every document start inside its parallel path (a scan's transition zeroed there, a short convolution's
-window cut there, attention masked to the document). ``run_packed`` runs any core: natively, or else each document on its own, grouped by length
-(exact, slower, announced once per core).
+window cut there, attention masked to the document). ``run_packed`` runs any core: natively, or else
+each document on its own, grouped by length (exact, slower, announced once per core).
+
+``pack_batch`` turns a right-padded batch into fewer packed rows (``zoo train --pack``).
 """
 
 from __future__ import annotations
