@@ -144,3 +144,64 @@ def test_a_state_without_its_parts_is_refused_naming_them():
         core.forward_with_state(torch.randn(1, 3, 6), {"ssm": state["ssm"]})
     with pytest.raises(ValueError, match=r"Mamba2 state lacks \['ssm'\]"):
         core.step(torch.randn(1, 6), {"conv": state["conv"]})
+
+
+# packed documents ---------------------------------------------------------------------------------
+def _packed_core(backend: str, dtype=F64, chunk_size: int = 4) -> Mamba2:
+    torch.manual_seed(3)
+    return Mamba2(d_model=6, d_state=3, n_heads=3, n_groups=3, chunk_size=chunk_size, backend=backend, dtype=dtype)
+
+
+@pytest.mark.parametrize("backend", ["chunked", "sequential"])
+def test_packed_runs_natively_not_document_by_document(backend, monkeypatch):
+    import zoo_core.packing as packing
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("by_documents was called: the native packed path was not used")
+
+    monkeypatch.setattr(packing, "by_documents", refuse)
+    seg = packing.Segments.from_seq_idx(torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, -1], [0, 1, 1, 1, 1, 1, 1, 1, 1]]))
+    y, states = packing.run_packed(_packed_core(backend), torch.randn(2, 9, 6, dtype=F64), seg, with_states=True)
+    assert y.shape == (2, 9, 6) and states["ssm"].shape == (5, 3, 4, 3) and states["conv"].shape == (5, 30, 3)
+
+
+@pytest.mark.parametrize("backend", ["chunked", "sequential"])
+def test_right_padded_prefill_keeps_each_sample_state_whatever_the_padding_holds(backend):
+    """transformers issue 48256: Δ not masked on right padding corrupted the carried state. Here the
+    padding holds values of 1e4, and each sample's final state is still its own."""
+    from zoo_core.packing import Segments, run_packed
+
+    core = _packed_core(backend, dtype=torch.float32)
+    lengths = torch.tensor([11, 3, 1, 16])
+    x = torch.randn(4, 16, 6)
+    pad = torch.arange(16)[None] >= lengths[:, None]
+    x = torch.where(pad[..., None], torch.randn(4, 16, 6) * 1e4, x)
+    y, states = run_packed(core, x, Segments.from_lengths(lengths, 16), with_states=True)
+    assert torch.isfinite(y).all()
+    for b, n in enumerate(lengths.tolist()):
+        y1, s1 = core.forward_with_state(x[b: b + 1, :n])
+        torch.testing.assert_close(y[b, :n], y1[0], rtol=1e-5, atol=1e-5)
+        for k in ("conv", "ssm"):
+            torch.testing.assert_close(states[k][b], s1[k][0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["chunked", "sequential"])
+def test_packed_float32_at_length_300_equals_each_document_alone(backend):
+    """Eight documents in two rows of 300 steps, chunks of 64: lengths 1, documents crossing one and
+    several chunk boundaries, one starting exactly on a boundary (128), padding at the end."""
+    from zoo_core.packing import Segments, by_documents, run_packed
+
+    lens = [[1, 127, 70, 2, 100], [64, 1, 200, 30]]
+    seq = torch.full((2, 300), -1)
+    for b, ls in enumerate(lens):
+        seq[b, : sum(ls)] = torch.repeat_interleave(torch.arange(len(ls)), torch.tensor(ls))
+    seg = Segments.from_seq_idx(seq)
+    core = _packed_core(backend, dtype=torch.float32, chunk_size=64)
+    x = torch.randn(2, 300, 6)
+    with torch.no_grad():
+        y, states = run_packed(core, x, seg, with_states=True)
+        y_ref, ref = by_documents(core, x, seg)
+    valid = seg.valid
+    torch.testing.assert_close(y[valid], y_ref[valid], rtol=1e-4, atol=1e-5)
+    for k in ("conv", "ssm"):
+        torch.testing.assert_close(states[k], ref[k], rtol=1e-4, atol=1e-5)

@@ -16,6 +16,11 @@ transformers' ``Mamba2Mixer`` and mamba_ssm's ``Mamba2``, so conversion renames 
 
 State: ``conv`` (Bt, Dc, K−1), the last K−1 inputs of the convolution, and ``ssm`` (Bt, Hh, P, N)
 in float32 (float64 for a float64 core). The SSM runs in that precision too, as the references do.
+
+Packed documents (``forward_packed``, ``zoo_core.packing``): the convolution's window is cut at every
+document start (``causal_conv_packed``) and the scan's transition zeroed there (its ``reset`` mark,
+mamba_ssm's ``seq_idx``), in one call over the whole packed batch; each document's final state is
+read at its last step (the scan's ``ends``).
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
 from zoo_core.init.diag import softplus_inverse_dt
-from zoo_core.kernels.short_conv import causal_conv, causal_conv_step
+from zoo_core.kernels.short_conv import causal_conv, causal_conv_packed, causal_conv_step
 from zoo_core.nn.gated_norm import GatedRMSNorm
+from zoo_core.packing import Segments
 from zoo_core.params import resolve_heads
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import OptimHint, State, require_state_keys
@@ -144,6 +150,29 @@ class Mamba2(CoreBase, params=Mamba2Params):
         scan = cast(SSDOp, self.ops.scan)  # ScanOp's name, SSD's signature (structure "ssd")
         y, h = scan(xs, delta, A, B, C, self.chunk_size, h0)  # (Bt, L, Hh, P), (Bt, Hh, P, N)
         return self._output(y, xs, z), {"conv": past, "ssm": h}
+
+    def forward_packed(self, x: Tensor, segments: Segments, *, with_states: bool = True) -> tuple[Tensor, State | None]:
+        """Packed documents x (Bt, L, H) laid out by ``segments``, each from the zero state, in one call:
+        y (Bt, L, H) and each document's final state (``conv`` (N, Dc, K−1), ``ssm`` (N, Hh, P, N)).
+
+        On padding steps the scan sees Δ = 0 and x = B = C = 0 (transformers issue 48256: an unmasked Δ
+        on right padding corrupted the carried state): whatever the padding holds, it neither moves a
+        state nor reaches a document's numbers, not even as 0 · inf in the chunk matmuls."""
+        _refuse_half(x, self.in_proj.weight)
+        segments.check(x)
+        z, xbc, dt = self._split(self.in_proj(x))
+        xc, pasts = causal_conv_packed(xbc, self.conv1d.weight, self.conv1d.bias, segments)  # (Bt, L, Dc), (N, Dc, K−1)
+        valid = segments.valid[..., None]  # (Bt, L, 1)
+        zero = torch.zeros((), dtype=xc.dtype, device=xc.device)
+        xs, delta, A, B, C = self._ssm_inputs(torch.where(valid, F.silu(xc), zero), dt)
+        delta = torch.where(valid, delta, torch.zeros((), dtype=delta.dtype, device=delta.device))
+        ends = None
+        if with_states:
+            ends = torch.zeros(segments.shape, dtype=torch.bool, device=x.device)
+            ends[segments.doc_row, segments.doc_end] = True  # (Bt, L)
+        scan = cast(SSDOp, self.ops.scan)
+        y, h = scan(xs, delta, A, B, C, self.chunk_size, None, reset=segments.starts, ends=ends)
+        return self._output(y, xs, z), ({"conv": pasts, "ssm": h} if with_states else None)
 
     # streaming ---------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:

@@ -21,8 +21,8 @@ DEFAULT_HEAD_DIM = 64  # mamba_ssm's headdim
 
 class Mamba2Params(CoreParams, DtRange, DtScale):
     # Selective (Δ, B, C input-dependent): no "lti". Δ is a step size, and dt_scale multiplies it,
-    # so the sampling rate can be rescaled: "continuous_time".
-    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "continuous_time"})
+    # so the sampling rate can be rescaled: "continuous_time". Packed documents run natively: "packing".
+    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "continuous_time", "packing"})
 
     d_state: int = Field(128, ge=1, le=1024, description="state size N per head channel")
     d_conv: int = Field(4, ge=1, le=1024, description="kernel width K of the causal depthwise convolution over (x, B, C)")
