@@ -58,7 +58,7 @@ def mambasl_reference(core: Mamba, x: torch.Tensor) -> torch.Tensor:
     ys = []
     for t in range(x.shape[1]):
         u = F.silu((pad[:, t:t + K] * w.T).sum(1) + core.conv1d.bias)  # (B, Di)
-        parts = dict(zip(("dt", "B", "C"), core.x_proj(u).split(core._split, -1))) if core.x_proj is not None else {}
+        parts = dict(zip(("dt", "B", "C"), core.x_proj(u).split(core._split, -1), strict=True)) if core.x_proj is not None else {}
         dt = F.softplus(core.dt_proj(parts["dt"]) if core.tv_dt else core.dt_proj.bias.expand(u.shape))  # (B, Di)
         Bt = parts["B"][:, None] if core.tv_B else core.B  # (B, 1, N) | (Di, N)
         Ct = parts["C"][:, None] if core.tv_C else core.C

@@ -47,7 +47,7 @@ def run(fn, args, seed=1, **packed):
     gh = torch.randn(h.shape, generator=g, dtype=F64).to(h.dtype)
     names = [k for k, v in args.items() if v is not None]
     grads = torch.autograd.grad((y * gy).sum() + (h * gh).sum(), [args[k] for k in names])
-    return {"y": y, "h_last": h, **{f"grad {k}": v for k, v in zip(names, grads)}}
+    return {"y": y, "h_last": h, **{f"grad {k}": v for k, v in zip(names, grads, strict=True)}}
 
 
 def assert_same(ref, out, tol=1e-10):
@@ -84,7 +84,7 @@ def test_backends_equal_naive_mambasl_switches(name, static_B, static_C, D, h0):
 def test_chunked_passes_gradcheck():
     args = make(Bt=2, L=9, Di=3, N=2)
     keys = list(args)
-    fn = lambda *a: S.selective_scan_chunked(**dict(zip(keys, a)), chunk=4)  # noqa: E731
+    fn = lambda *a: S.selective_scan_chunked(**dict(zip(keys, a, strict=True)), chunk=4)  # noqa: E731
     assert torch.autograd.gradcheck(fn, tuple(args.values()), eps=1e-6, atol=1e-7)
     args = make(Bt=2, L=7, Di=3, N=2, static_B=True, static_C=True)
     assert torch.autograd.gradcheck(fn, tuple(args.values()), eps=1e-6, atol=1e-7)
@@ -243,3 +243,102 @@ def test_other_cores_never_get_a_selective_backend():
     for name in ("selective-naive", "selective-chunked", "selective-cuda"):
         entry = get_registry().backend("scan", name)
         assert entry.supports_fn(Problem(structure="diag", lti=True)) is not None
+
+
+# packed documents: starts / ends --------------------------------------------------------------
+def _layout(Bt, L, seed):
+    """Random starts (some rows without one at step 0, so h0 enters there) and ends, including
+    steps whose state is read right at a chunk boundary and single-step segments."""
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.rand(Bt, L, generator=g) < 0.2
+    starts[0, 0] = True
+    starts[:, min(5, L - 1)] = True  # a start at a chunk boundary of chunk=5
+    ends = torch.rand(Bt, L, generator=g) < 0.2
+    ends[:, L - 1] = True
+    ends[-1, min(4, L - 1)] = True
+    return starts, ends
+
+
+def test_naive_resets_equal_each_segment_alone():
+    """The reference with ``starts`` equals the plain loop run on each segment from zero (h0 for a
+    row's first segment when the row does not start at step 0); ``ends`` picks the states in row-major order."""
+    Bt, L = 3, 23
+    args = {k: (v.detach() if v is not None else None) for k, v in make(Bt=Bt, L=L).items()}
+    starts, ends = _layout(Bt, L, seed=3)
+    y, h_ends = S.selective_scan_naive(**args, starts=starts, ends=ends)
+    _, h_last = S.selective_scan_naive(**args, starts=starts)
+    want_h = []
+    for b in range(Bt):
+        cuts = [0, *[t for t in range(1, L) if starts[b, t]], L]
+        h_seg = {}
+        for t0, t1 in zip(cuts[:-1], cuts[1:], strict=True):
+            part = {k: (v[b:b + 1, t0:t1] if k in ("u", "delta", "B", "C") else v) for k, v in args.items()}
+            part["h0"] = args["h0"][b:b + 1] if (t0 == 0 and not starts[b, 0]) else None
+            ys, _ = S.selective_scan_naive(**part)
+            torch.testing.assert_close(y[b:b + 1, t0:t1], ys, rtol=1e-12, atol=1e-12)
+            for t in range(t0, t1):  # the state after step t: the segment run up to t
+                if ends[b, t] or t == L - 1:
+                    upto = {k: (v[:, : t - t0 + 1] if k in ("u", "delta", "B", "C") else v) for k, v in part.items()}
+                    h_seg[t] = S.selective_scan_naive(**upto)[1][0]
+        want_h += [h_seg[t] for t in range(L) if ends[b, t]]
+        torch.testing.assert_close(h_last[b], h_seg[L - 1], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(h_ends, torch.stack(want_h), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(FAST))
+@pytest.mark.parametrize("L,with_ends", [(1, True), (17, True), (37, False), (37, True)])
+def test_backends_equal_naive_with_resets(name, L, with_ends):
+    """Outputs, states (the last, or those at ``ends``) and every gradient, through resets."""
+    args = make(Bt=3, L=L)
+    starts, ends = _layout(3, L, seed=L)
+    kw = {"starts": starts, "ends": ends if with_ends else None}
+    assert_same(run(S.selective_scan_naive, args, **kw), run(FAST[name], args, **kw))
+
+
+@pytest.mark.parametrize("static_B,static_C,D,h0", [(True, True, False, False), (True, False, True, True),
+                                                    (False, True, False, True)])
+def test_chunked_equals_naive_with_resets_mambasl_switches(static_B, static_C, D, h0):
+    args = make(Bt=3, L=23, static_B=static_B, static_C=static_C, D=D, h0=h0)
+    starts, ends = _layout(3, 23, seed=1)
+    kw = {"starts": starts, "ends": ends}
+    assert_same(run(S.selective_scan_naive, args, **kw), run(FAST["chunked-5"], args, **kw))
+
+
+def test_chunked_with_resets_passes_gradcheck():
+    args = make(Bt=2, L=9, Di=3, N=2)
+    starts, ends = _layout(2, 9, seed=2)
+    keys = list(args)
+    fn = lambda *a: S.selective_scan_chunked(**dict(zip(keys, a, strict=True)), chunk=4, starts=starts, ends=ends)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, tuple(args.values()), eps=1e-6, atol=1e-7)
+
+
+def test_no_restart_is_bit_for_bit_the_plain_scan():
+    """``starts`` all false multiplies the transition by exactly 1: the same bits as no ``starts``."""
+    args = make(L=40)
+    none = torch.zeros(2, 40, dtype=torch.bool)
+    for fn in (S.selective_scan_naive, FAST["chunked-16"]):
+        a, b = run(fn, args), run(fn, args, starts=none)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resets_keep_gradients_finite_at_extreme_steps():
+    """A start after steps of huge Δ (transition underflows to 0) and tiny Δ: no NaN anywhere (the
+    reset multiplies by an exact 0, never adds a −inf log-decay)."""
+    args = make(Bt=2, L=12, dtype=torch.float32)
+    with torch.no_grad():
+        args["delta"][:, :6] = 1e4
+        args["delta"][:, 6:] = 1e-30
+    starts = torch.zeros(2, 12, dtype=torch.bool)
+    starts[:, [0, 3, 6, 11]] = True
+    for fn in (S.selective_scan_naive, S.selective_scan_chunked):
+        out = run(fn, args, starts=starts, ends=starts.roll(-1, 1))
+        assert all(bool(torch.isfinite(v).all()) for v in out.values()), fn.__name__
+
+
+@pytest.mark.parametrize("kw,match", [({"starts": torch.zeros(2, 37, dtype=torch.long)}, "starts must be a bool mask"),
+                                      ({"ends": torch.zeros(2, 36, dtype=torch.bool)}, "ends must be a bool mask")])
+def test_bad_masks_are_refused(kw, match):
+    args = {k: (v.detach() if v is not None else None) for k, v in make().items()}
+    for fn in (S.selective_scan_naive, S.selective_scan_chunked, S.selective_scan_cuda):
+        with pytest.raises(ValueError, match=match):
+            fn(**args, **kw)
