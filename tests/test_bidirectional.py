@@ -115,6 +115,17 @@ def test_hybrid_stacks_wrap_every_core():
     assert kinds == ["LRU", "S4D"]
 
 
+def test_sampling_rate_rescales_both_directions():
+    from zoo_core.nn.model import rescale_sampling_rate
+
+    model = _model("s4d")
+    bi = model.stack.block(0).core
+    rescale_sampling_rate(model, 2.0)
+    assert bi.forward_core.dt_scale == bi.backward_core.dt_scale == 2.0 and model.spec["model"]["core"]["dt_scale"] == 2.0
+    with pytest.raises(ValueError, match="discrete-time"):
+        rescale_sampling_rate(_model("lru"), 2.0)
+
+
 def test_refusals():
     with pytest.raises(SpecError, match="reads the sequence backwards too"):
         load_spec(model_spec("lru", task={"kind": "lm"}, inp={"vocab_size": 5}, block={"bidirectional": {}}))

@@ -130,7 +130,7 @@ class Bidirectional(nn.Module):
     @dt_scale.setter
     def dt_scale(self, value: float) -> None:  # rescale_sampling_rate's all-or-nothing restore
         for core in {id(c): c for c in (self.forward_core, self._back())}.values():
-            core.dt_scale = value
+            setattr(core, "dt_scale", value)  # noqa: B010  a core's plain float attribute (nn.Module types setattr as tensors)
 
     @property
     def backend_choice(self) -> Any:

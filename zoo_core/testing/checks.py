@@ -472,7 +472,7 @@ def check_packing(case: CoreCase) -> None:
     by-documents path every core gets."""
     has_paths = bool(getattr(case.cls, "paths", None))
     choices = all_choices(paths=case.cls.paths, problem=case.cls.problem, registry=case.registry) if has_paths else []
-    settings = [c.as_setting() for c in choices] or [None]
+    settings: list[Any] = [c.as_setting() for c in choices] or [None]
     grows = "growing_state" in case.capabilities
     for setting in settings:
         core = case.make(backend=setting).eval()
