@@ -61,10 +61,10 @@ def _check(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor 
         raise ValueError(f"D must be (Di,) = ({di},); got {tuple(D.shape)}")
     if h0 is not None and tuple(h0.shape) != (bt, di, n):
         raise ValueError(f"h0 must be (Bt, Di, N) = {(bt, di, n)}; got {tuple(h0.shape)}")
-    for name, M in (("starts", starts), ("ends", ends)):
-        if M is not None and (M.dtype != torch.bool or tuple(M.shape) != (bt, L)):
+    for name, mask in (("starts", starts), ("ends", ends)):
+        if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (bt, L)):
             raise ValueError(f"{name} must be a bool mask (Bt, L) = {(bt, L)} of the steps where a document "
-                             f"{'starts' if name == 'starts' else 'ends'}; got {tuple(M.shape)} {M.dtype} "
+                             f"{'starts' if name == 'starts' else 'ends'}; got {tuple(mask.shape)} {mask.dtype} "
                              "(build it with zoo_core.packing.Segments)")
 
 
