@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
 from zoo_core.discretize import Discrete
+from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, complex_dtype, require_float
 
@@ -99,6 +100,24 @@ class LinOSS(CoreBase, params=LinOSSParams):
 
     # sequence --------------------------------------------------------------------------
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        h0 = None
+        if state is not None:
+            h = state["h"]  # (B, P, K) complex
+            h0 = torch.stack([h.real, h.imag], 1)  # (B, R, P, K)
+        y, hs = self._sequence(x, h0, None)
+        return y, {"h": self._complex_state(hs[:, -1])}  # h (B, P, K)
+
+    def forward_packed(self, x: Tensor, segments: Segments, *, with_states: bool = True) -> tuple[Tensor, State | None]:
+        """Packed documents (``zoo_core.packing``) in one scan: the 2×2 transition is zeroed at every
+        document start (the scan's ``reset``), so each document starts from rest; each final state
+        is its last step's."""
+        segments.check(x)
+        y, hs = self._sequence(x, None, segments.starts)
+        return y, ({"h": self._complex_state(segments.at_ends(hs))} if with_states else None)
+
+    def _sequence(self, x: Tensor, h0: Tensor | None, reset: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(outputs (B, L, H), every state (B, L, R, P, K) real) from h0 (B, R, P, K) or zero; with
+        ``reset`` (B, L) the scan restarts at the marked steps (packed documents)."""
         require_float(x, "LinOSS")
         self._guard()
         Bsz, L, H = x.shape
@@ -106,14 +125,19 @@ class LinOSS(CoreBase, params=LinOSSParams):
         d = self._discrete(self.B)  # a (P, K, K), b (P, H, R, K) real
         W = d.b.permute(1, 2, 0, 3).reshape(H, 2 * P * 2)  # (H, R·P·K)
         f = (x.to(W.dtype) @ W).view(Bsz, L, 2, P, 2)  # (B, L, R, P, K)
-        h0 = None
-        if state is not None:
-            h = state["h"]  # (B, P, K) complex
-            h0 = torch.stack([h.real, h.imag], 1).to(W.dtype)  # (B, R, P, K)
-        hs, h_last = self.ops.scan(d.a, f, h0)  # (B, L, R, P, K)
+        h0 = None if h0 is None else h0.to(W.dtype)
+        if reset is None:
+            hs, _ = self.ops.scan(d.a, f, h0)  # (B, L, R, P, K)
+        else:
+            hs, _ = self.ops.scan(d.a, f, h0, reset=reset)
         C = torch.stack([self.C[..., 0], -self.C[..., 1]])  # (R, H, P): Re(Cy) = C_re y_re − C_im y_im
         y = torch.einsum("blrp,rhp->blh", hs[..., 1], C) + self.D * x  # (B, L, H)
-        return y.to(x.dtype), {"h": torch.complex(h_last[:, 0], h_last[:, 1])}  # h (B, P, K)
+        return y.to(x.dtype), hs
+
+    @staticmethod
+    def _complex_state(h: Tensor) -> Tensor:
+        """(…, R, P, K) real parts → (…, P, K) complex, the streaming state."""
+        return torch.complex(h[..., 0, :, :], h[..., 1, :, :])
 
     # streaming -------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:

@@ -34,7 +34,8 @@ def stability_problem(discretizer: str, *, A_max: float, dt_max: float, dt_scale
 
 
 class LinOSSParams(CoreParams, DtRange, DtScale, SsmLr):
-    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "lti", "complex_params", "continuous_time"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "lti", "complex_params", "continuous_time",
+                                                             "packing"})
 
     d_state: int = Field(64, ge=1, le=65536, description="number of oscillators P; the state holds a complex (z, y) pair per oscillator")
     discretizer: str = Field("linoss-im", description="a registered block2x2 discretizer: linoss-im (implicit Euler, "
