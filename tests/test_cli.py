@@ -166,3 +166,31 @@ def test_stream_demo_on_a_real_sequence(capsys):
     assert main(["stream", str(ROOT / "specs/s4d-basicmotions.yaml"), "--index", "999"]) == 2
     err = capsys.readouterr().err
     assert "vocab_size" in err and "out of range" in err and "Traceback" not in err
+
+
+@pytest.mark.requires("aeon")
+def test_stream_a_saved_model_folder_streams_its_own_weights(tmp_path, capsys):
+    """A folder streams the weights it holds (a trained run's best/), not a fresh draw from its spec."""
+    import torch
+
+    from zoo_core.build import build_model
+    from zoo_core.io.pretrained import save_pretrained
+
+    model = build_model(ROOT / "specs/s4d-basicmotions.yaml", seed=5).eval()
+    save_pretrained(model, tmp_path / "m")
+    assert main(["stream", str(tmp_path / "m"), "--index", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "agreement        : OK" in out
+    from zoo_core.datasets import load_uea_bundled
+
+    X, _, lengths = load_uea_bundled("basicmotions", split="test")
+    with torch.no_grad():
+        y = model(torch.from_numpy(X[2:3, : int(lengths[2])]))[0]
+    assert f"{y[0].item():.6f}"[:6] in out  # the saved weights' output, printed
+    bi = tmp_path / "bi"
+    spec = dict(model.spec)
+    spec["model"] = {**spec["model"], "block": {**spec["model"]["block"], "bidirectional": {"combine": "sum"}}}
+    save_pretrained(build_model(spec, seed=0).eval(), bi)
+    assert main(["stream", str(bi)]) == 2
+    err = capsys.readouterr().err
+    assert "bidirectional block" in err and "cannot" in err and "Traceback" not in err

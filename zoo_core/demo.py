@@ -1,12 +1,18 @@
-"""``zoo stream``: one real sequence through the parallel forward and through ``step``, compared."""
+"""``zoo stream``: one real sequence through the parallel forward and through ``step``, compared.
+
+SPEC is a spec (a model built from it, fresh weights from ``--seed``) or a saved model folder
+(``save_pretrained``, e.g. a ``zoo train`` run's ``best/``: its trained weights)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
 from .build import build_model, summary
 from .datasets import BUNDLED_UEA, load_uea_bundled
 from .errors import SpecError
+from .factory import load_pretrained
 from .spec import load_spec
 
 
@@ -15,7 +21,12 @@ def stream_demo(spec_path: str, *, dataset: str = "basicmotions", index: int = 0
     if dataset.lower() not in BUNDLED_UEA:
         raise SpecError(f"unknown dataset {dataset!r}; bundled: {', '.join(BUNDLED_UEA)}")
     dataset = dataset.lower()
-    spec = load_spec(spec_path)
+    folder = Path(spec_path).is_dir()
+    if folder:
+        model = load_pretrained(spec_path).eval()
+        spec = load_spec(model.spec)
+    else:
+        spec = load_spec(spec_path)
     channels = spec.envelope.input.channels
     if channels is None:
         raise SpecError(f"{spec_path}: this model reads tokens (input.vocab_size); {dataset} is a real-valued time series")
@@ -24,7 +35,8 @@ def stream_demo(spec_path: str, *, dataset: str = "basicmotions", index: int = 0
         raise SpecError(f"{spec_path}: input.channels is {channels} but {dataset} has {X.shape[2]} channels")
     if not 0 <= index < len(X):
         raise SpecError(f"--index {index} is out of range: {dataset}'s test split has {len(X)} sequences (0..{len(X) - 1})")
-    model = build_model(spec, seed=seed).eval()
+    if not folder:
+        model = build_model(spec, seed=seed).eval()
     x = torch.from_numpy(X[index : index + 1, : int(lengths[index])])  # (1, L, D): its valid steps, not the padding
     print(summary(model))
     print(f"\ninput: {dataset} test sequence {index}: length {x.shape[1]}, {x.shape[2]} channels, label {int(y[index])}")

@@ -238,7 +238,7 @@ def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--allow-nonfinite", action="store_true", help="load even if a tensor holds NaN or Inf")
     s.set_defaults(fn=cmd_inspect)
     s = sub.add_parser("stream", help="run a model on a real sequence in parallel and streamed through step, and compare")
-    s.add_argument("spec")
+    s.add_argument("spec", help="a spec (fresh weights from --seed) or a saved model folder (its trained weights)")
     s.add_argument("--dataset", default="basicmotions", help="a bundled dataset (zoo list --kind datasets)")
     s.add_argument("--index", type=int, default=0, help="which test sequence")
     s.add_argument("--seed", type=int, default=0)
