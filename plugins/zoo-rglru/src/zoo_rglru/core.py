@@ -19,6 +19,11 @@ sequence and a causal core never sees it at valid positions, so ``lengths`` need
 
 State: ``conv`` (B, W, K−1) the last K−1 inputs of the convolution, ``h`` (B, W) in float32
 (float64 for a float64 core), ``start`` (B,).
+
+Packed documents (``forward_packed``, ``zoo_core.packing``): the same document-start reset at every
+document's first step inside the row (the gates' ``reset`` is per step: a_t = 0, multiplier 1), the
+convolution cut there (``causal_conv_packed``), and each document's final h read at its last step.
+Zeroing a_t also cuts the adjoint scan's backward, g_t = dL/dh_t + a_{t+1} ⊙ g_{t+1}, at the start.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from torch.nn.utils import skip_init
 from torch.utils.checkpoint import checkpoint
 
 from zoo_core.corebase import CoreBase, runs_path
-from zoo_core.kernels.short_conv import causal_conv, causal_conv_step
+from zoo_core.kernels.short_conv import causal_conv, causal_conv_packed, causal_conv_step
+from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, require_float, require_state_keys
 
@@ -275,11 +281,15 @@ class RGLRU(CoreBase, params=RGLRUParams):
 
     def fused_transition(self, x: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
         """``transition`` with the elementwise gate maths in one node (``_Gates``): the parallel path's."""
+        return self._fused_gates(x, self._reset(x, start))
+
+    def _fused_gates(self, x: Tensor, reset: Tensor) -> tuple[Tensor, Tensor]:
+        """``_Gates`` on conv outputs x (B, L, W) with ``reset`` (B, L, 1): 1 at a document's first step."""
         zr = self._block_diag(x, self.recurrent_gate_weight, self.recurrent_gate_bias)  # (B, L, W) r = σ(zr)
         zi = self._block_diag(x, self.input_gate_weight, self.input_gate_bias)  # (B, L, W) i = σ(zi)
         a: Tensor
         b: Tensor
-        a, b = _Gates.apply(zr, zi, x, F.softplus(-self.Lambda), self._reset(x, start), self.c)  # (B, L, W) each
+        a, b = _Gates.apply(zr, zi, x, F.softplus(-self.Lambda), reset, self.c)  # (B, L, W) each
         return a, b
 
     # pieces of the block -----------------------------------------------------------------------
@@ -319,6 +329,31 @@ class RGLRU(CoreBase, params=RGLRUParams):
             y_t, state = self.step(u_t, state)
             ys.append(y_t)
         return torch.stack(ys, 1), state
+
+    # packed documents ----------------------------------------------------------------------------
+    def forward_packed(self, x: Tensor, segments: Segments, *, with_states: bool = True) -> tuple[Tensor, State | None]:
+        """Packed documents u (B, L, H) laid out by ``segments``, each from the zero state, in one call
+        on the bound path: out (B, L, H) and each document's final state (``conv`` (N, W, K−1), ``h`` (N, W),
+        ``start`` (N,) zeros, as after any run)."""
+        require_float(x, "RGLRU")
+        segments.check(x)
+        xc, pasts = causal_conv_packed(self.linear_x(x), self.conv_1d.weight, self.conv_bias, segments)  # (B, L, W)
+        h0 = xc.new_zeros(x.shape[0], self.lru_width, dtype=torch.promote_types(x.dtype, torch.float32))  # (B, W)
+        if self.backend_choice.path == "recurrent":
+            reset = segments.starts[..., None].to(xc.dtype)  # (B, L, 1) per step, where _reset has step 0 only
+            a, b = checkpoint(self._fused_gates, xc, reset, use_reentrant=False)  # (B, L, W)
+            h, _ = adjoint_scan(self.ops.scan, a, b, h0)  # (B, L, W)
+        else:  # sequential: the reference's transition one step at a time, its reset from the layout
+            hs, h_t = [], h0
+            for t, x_t in enumerate(xc.unbind(1)):
+                a_t, b_t = self.transition(x_t[:, None], segments.starts[:, t])  # (B, 1, W) each
+                h_t = a_t[:, 0] * h_t + b_t[:, 0]  # (B, W)
+                hs.append(h_t)
+            h = torch.stack(hs, 1)  # (B, L, W)
+        out = self.linear_out(h.to(x.dtype) * self._y_branch(x))  # (B, L, H)
+        if not with_states:
+            return out, None
+        return out, {"conv": pasts, "h": segments.at_ends(h), "start": x.new_zeros(segments.num_docs)}
 
     # streaming ---------------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:

@@ -17,7 +17,7 @@ from zoo_core.params import CoreParams
 class RGLRUParams(CoreParams):
     # Input-dependent decays: no "lti". Discrete-time: a = σ(Λ)^(c·r_t) has no step size Δ a sampling
     # rate could rescale, so no "continuous_time" (rescale_dt refuses it, naming the core).
-    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "packing"})
 
     lru_width: int | None = Field(None, ge=1, le=262_144,
                                   description="width W of the recurrence (linear_x/linear_y outputs); None: d_model")
