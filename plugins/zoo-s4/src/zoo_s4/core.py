@@ -27,6 +27,7 @@ from zoo_core.init.diag import log_uniform_dt
 from zoo_core.init.hippo import dplr_legs
 from zoo_core.kernels.dplr import DPLRStep, StepMatrices, c_from_ctilde, ctilde_from_c
 from zoo_core.kernels.systems import DPLRSystem
+from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, complex_dtype, require_float
 
@@ -99,6 +100,16 @@ class S4(CoreBase, params=S4Params):
         y, h = self._run(x, state, want_state=True)
         assert h is not None, "every path returns the final state when asked for it"  # narrows the type
         return y, {"h": h}
+
+    def forward_packed(self, x: Tensor, segments: Segments, *, with_states: bool = True) -> tuple[Tensor, State | None]:
+        """Packed documents (``zoo_core.packing``), each from the zero state. An FFT convolution cannot
+        restart mid-row, so the documents run as one batch right-aligned (zeros before each start):
+        an LTI system's zero state stays zero under zero input, so every row reaches its document's
+        first step in the zero state and ends in the document's own final state — exact, one kernel
+        and one conv call for all documents (C̃ converted once if the longest exceeds ``l_max``)."""
+        segments.check(x)
+        y, h = self._run(segments.unpack(x, align="right"), None, want_state=with_states)  # (N, L_max, H)
+        return segments.pack(y, align="right"), (None if h is None else {"h": h})
 
     def _run(self, x: Tensor, state: State | None, want_state: bool) -> tuple[Tensor, Tensor | None]:
         require_float(x, "S4")
