@@ -17,6 +17,13 @@ The chunked form folds the trapezoid into the SSD structure: since β_{s+1} = δ
 
 a masked, decayed attention-like matrix inside a chunk and state passing between chunks, where the
 cross-boundary term δ_{first} x_{last}B_{last}ᵀ joins the state that enters the next chunk.
+
+Packed documents (``zoo_core.packing``) use two optional keywords, both (Bt, L) bool, None by default
+(then nothing changes), as the other scans' ops do: ``reset`` marks a document's first step, where
+the step restarts as the first of a fresh sequence: α_t·h_{t−1} and the trapezoid's β_t x_{t−1}B_{t−1}ᵀ
+are both dropped (h_t = γ_t x_t B_tᵀ); ``ends`` asks for the state after each marked step instead of
+the final state, returned (N, H, P, N) in row-major order of the marks. The rotary angle is the
+core's: it restarts at each document before B and C reach the scan.
 """
 
 from __future__ import annotations
@@ -33,7 +40,15 @@ class TrapScanOp(Protocol):
 
     def __call__(self, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, lam: Tensor | None,
                  h0: Tensor | None = None, x_prev: Tensor | None = None, B_prev: Tensor | None = None,
-                 *, chunk_size: int = 64) -> tuple[Tensor, Tensor]: ...
+                 *, chunk_size: int = 64, reset: Tensor | None = None,
+                 ends: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
+
+
+def _check_marks(x: Tensor, reset: Tensor | None, ends: Tensor | None) -> None:
+    for name, m in (("reset", reset), ("ends", ends)):
+        if m is not None and (m.dtype != torch.bool or tuple(m.shape) != tuple(x.shape[:2])):
+            raise ValueError(f"Mamba-3 scan: {name} must be a bool (Bt, L) = {tuple(x.shape[:2])} mask marking steps, "
+                             f"got {m.dtype} {tuple(m.shape)}; build it from zoo_core.packing.Segments (starts, doc_end)")
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
@@ -43,13 +58,17 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
 
 def trap_scan_sequential(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, lam: Tensor | None,
                          h0: Tensor | None = None, x_prev: Tensor | None = None, B_prev: Tensor | None = None,
-                         *, chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+                         *, chunk_size: int = 64, reset: Tensor | None = None,
+                         ends: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The reference: ``Mamba3Simple._recurrence`` step by step (chunk_size is ignored).
 
     x (Bt, L, H, P), dt (Bt, L, H) positive, A (H,) negative, B, C (Bt, L, H, N) rotated,
     lam (Bt, L, H) in (0, 1) or None (Euler), h0 (Bt, H, P, N), x_prev (Bt, H, P), B_prev (Bt, H, N).
-    Returns y (Bt, L, H, P) and h_L (Bt, H, P, N), in float32 or wider.
+    Returns y (Bt, L, H, P) and h_L (Bt, H, P, N), in float32 or wider. With ``reset`` the state and the
+    previous step's x Bᵀ entering a marked step are multiplied by 0; with ``ends`` the states after
+    the marked steps (N, H, P, N) are returned instead of h_L.
     """
+    _check_marks(x, reset, ends)
     ct = _compute_dtype(x)
     x, dt, A, B, C = x.to(ct), dt.to(ct), A.to(ct), B.to(ct), C.to(ct)
     Bt, L, H, P = x.shape
@@ -58,32 +77,57 @@ def trap_scan_sequential(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     beta = None if lam is None else (1 - lam.to(ct)) * dt * alpha
     h = x.new_zeros(Bt, H, P, B.shape[-1]) if h0 is None else h0.to(ct)
     prev = None if (x_prev is None or B_prev is None) else x_prev.to(ct)[..., None] * B_prev.to(ct)[..., None, :]
-    ys = []
+    keep = None if reset is None else (~reset).to(ct)[..., None, None, None]  # (Bt, L, 1, 1, 1)
+    ys, hs = [], []
     for t in range(L):
+        if keep is not None:  # a fresh sequence: no state, no previous step
+            h = h * keep[:, t]
+            prev = None if prev is None else prev * keep[:, t]
         bx = x[:, t, :, :, None] * B[:, t, :, None, :]  # (Bt, H, P, N)
         h = alpha[:, t, :, None, None] * h + gamma[:, t, :, None, None] * bx
         if beta is not None and prev is not None:
             h = h + beta[:, t, :, None, None] * prev
         prev = bx
         ys.append(torch.einsum("bhpn,bhn->bhp", h, C[:, t]))
+        if ends is not None:
+            hs.append(h)
     y = torch.stack(ys, 1) if ys else x.new_zeros(Bt, 0, H, P)
+    if ends is not None:
+        rows, steps = torch.nonzero(ends).unbind(1)
+        return y, (torch.stack(hs, 1)[rows, steps] if hs else h[:0])  # (N, H, P, N)
     return y, h
 
 
 def trap_scan_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, lam: Tensor | None,
                       h0: Tensor | None = None, x_prev: Tensor | None = None, B_prev: Tensor | None = None,
-                      *, chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+                      *, chunk_size: int = 64, reset: Tensor | None = None,
+                      ends: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The same scan in chunks of Q = chunk_size: a (Q × Q) decayed, trapezoid-weighted matrix per
     chunk (matmuls), then one pass over the L/Q chunk states. Same arguments and results as
     ``trap_scan_sequential``; L need not be a multiple of Q (the tail is zero-padded: Δ = 0 there
-    decays nothing and adds nothing)."""
+    decays nothing and adds nothing).
+
+    With ``reset`` (what mamba_ssm's ``seq_idx`` does for Mamba-2's chunks): within a chunk the exponent
+    of every pair (t, s) with a start in (s, t] is set to −inf before the exp (the finite differences
+    are masked, never subtracted from −inf);
+    a step reaches its chunk's end only if no start follows it there; a chunk's end state is passed
+    on only across a chunk holding no start; the entering state reaches step t only if no start in
+    the chunk is at or before t. Starts are compared as integer counts within each chunk. The
+    trapezoid's term across a start needs nothing more: β_t = δ_t α_t reaches step t only through the
+    decay from t − 1, which these masks zero (the δ-carrying cross-boundary term joins Z_c, which a
+    chunk starting a document never reads nor passes on).
+
+    With ``ends``, the state after each marked step (chunk c, offset j), as mamba_ssm's
+    ``chunk_state_varlen``: [no start in c up to j]·exp(acum_j)·Z_c plus the chunk's own part up to j,
+    computed for all marked steps at once from their chunk's steps (no loop over documents)."""
+    _check_marks(x, reset, ends)
     ct = _compute_dtype(x)
     x, dt, A, B, C = x.to(ct), dt.to(ct), A.to(ct), B.to(ct), C.to(ct)
     Bt, L, H, P = x.shape
     N = B.shape[-1]
     h = x.new_zeros(Bt, H, P, N) if h0 is None else h0.to(ct)
     if L == 0:
-        return x.new_zeros(Bt, 0, H, P), h
+        return x.new_zeros(Bt, 0, H, P), (h if ends is None else h[:0])
     gamma = dt if lam is None else lam.to(ct) * dt  # (Bt, L, H)
     delta = torch.zeros_like(dt) if lam is None else (1 - lam.to(ct)) * dt  # β_t = δ_t α_t
     if x_prev is not None and B_prev is not None:
@@ -99,13 +143,19 @@ def trap_scan_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, la
     x = x.reshape(Bt, nc, Q, H, P)
     B, C = B.reshape(Bt, nc, Q, H, N), C.reshape(Bt, nc, Q, H, N)
     gamma, delta, dnext = (t.reshape(Bt, nc, Q, H) for t in (gamma, delta, dnext))
+    seen = None  # (Bt, nc, Q): starts in the chunk at or before each step (the padded tail holds none)
+    if reset is not None:
+        seen = torch.cumsum(F.pad(reset, (0, pad)).reshape(Bt, nc, Q).long(), dim=2)
     acum = torch.cumsum((dt * A).reshape(Bt, nc, Q, H), dim=2)  # Σ_{r ≤ t in chunk} Δ_r A, (Bt, nc, Q, H)
 
     # within a chunk: M[t, s] = (C_t·B_s) exp(acum_t − acum_s) (γ_s + δ_{s+1}[s < t]), s ≤ t
     causal = torch.ones(Q, Q, dtype=torch.bool, device=x.device).tril()
     strict = causal.tril(-1).to(ct)
     diff = acum[:, :, :, None, :] - acum[:, :, None, :, :]  # (Bt, nc, Q_t, Q_s, H)
-    decay = torch.exp(torch.where(causal[:, :, None], diff, torch.full_like(diff, -torch.inf)))
+    live = causal[:, :, None]  # (Q_t, Q_s, 1), or (Bt, nc, Q_t, Q_s, 1): s ≤ t and no start in (s, t]
+    if seen is not None:
+        live = live & (seen[:, :, :, None] == seen[:, :, None, :])[..., None]
+    decay = torch.exp(torch.where(live, diff, torch.full_like(diff, -torch.inf)))
     weight = gamma[:, :, None] + dnext[:, :, None] * strict[:, :, None]  # (Bt, nc, Q_t, Q_s, H)
     scores = torch.einsum("bcthn,bcshn->bctsh", C, B) * decay * weight
     y = torch.einsum("bctsh,bcshp->bcthp", scores, x)
@@ -115,13 +165,18 @@ def trap_scan_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, la
     last = torch.zeros(Q, dtype=ct, device=x.device)
     last[-1] = 1.0
     to_end = torch.exp(acum[:, :, -1:] - acum) * (gamma + dnext * (1 - last)[:, None])  # (Bt, nc, Q, H)
+    if seen is not None:  # only the steps after the chunk's last start reach its end
+        to_end = to_end * (seen == seen[:, :, -1:]).to(ct)[..., None]
     S = torch.einsum("bcshp,bcshn->bchpn", to_end[..., None] * x, B)  # (Bt, nc, H, P, N)
     # the cross-boundary trapezoid term: δ of chunk c's first step times chunk c−1's last x Bᵀ
     cross = delta[:, 1:, 0, :, None, None] * x[:, :-1, -1, :, :, None] * B[:, :-1, -1, :, None, :]
 
     # between chunks: Z_c, the state entering chunk c (trapezoid term included); Z_nc is the final state
     # (unbind, not S[:, c]: indexing a slice would backpropagate a full-size zero tensor per chunk)
-    chunk_decay = torch.exp(acum[:, :, -1])[..., None, None].unbind(1)  # nc × (Bt, H, 1, 1)
+    chunk_decay = torch.exp(acum[:, :, -1])  # (Bt, nc, H)
+    if seen is not None:  # nothing passes across a chunk holding a start
+        chunk_decay = chunk_decay * (seen[:, :, -1:] == 0).to(ct)
+    chunk_decay = chunk_decay[..., None, None].unbind(1)  # nc × (Bt, H, 1, 1)
     inputs, crossing = S.unbind(1), cross.unbind(1)
     entering = []
     for c in range(nc):
@@ -130,5 +185,37 @@ def trap_scan_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, la
         if c + 1 < nc:
             h = h + crossing[c]
     Z = torch.stack(entering, 1)  # (Bt, nc, H, P, N)
-    y = y + torch.einsum("bcthn,bchpn->bcthp", torch.exp(acum)[..., None] * C, Z)
-    return y.reshape(Bt, nc * Q, H, P)[:, :L], h
+    from_start = torch.exp(acum)[..., None]  # (Bt, nc, Q, H, 1)
+    if seen is not None:  # not past a start
+        from_start = from_start * (seen == 0).to(ct)[..., None, None]
+    y = y + torch.einsum("bcthn,bchpn->bcthp", from_start * C, Z)
+    y = y.reshape(Bt, nc * Q, H, P)[:, :L]
+    if ends is None:
+        return y, h
+    return y, _states_at(ends, Q, acum, seen, gamma, dnext, x, B, Z)
+
+
+def _states_at(ends: Tensor, Q: int, acum: Tensor, seen: Tensor | None, gamma: Tensor, dnext: Tensor, x: Tensor,
+               B: Tensor, Z: Tensor) -> Tensor:
+    """The state after each marked step (``trap_scan_chunked``'s ``ends``), from the chunked pieces:
+    acum, gamma, dnext (Bt, nc, Q, H), seen (Bt, nc, Q) or None, x (Bt, nc, Q, H, P), B (Bt, nc, Q, H, N),
+    Z (Bt, nc, H, P, N) the entering states -> (E, H, P, N), E marked steps in row-major order.
+
+    h_j = [no start up to j]·exp(acum_j) Z_c + Σ_{s≤j, no start in (s, j]} exp(acum_j − acum_s)
+    (γ_s + δ_{s+1}[s < j]) x_s B_sᵀ: the step j's own δ_{j+1} term belongs to the step after it."""
+    rows, steps = torch.nonzero(ends).unbind(1)  # (E,)
+    c, j = steps // Q, steps % Q
+    k = torch.arange(Q, device=x.device)
+    a_e = acum[rows, c]  # (E, Q, H)
+    a_j = a_e.gather(1, j[:, None, None].expand(-1, 1, a_e.shape[-1]))  # (E, 1, H)
+    live = k <= j[:, None]  # (E, Q)
+    carried = torch.exp(a_j[:, 0])  # (E, H)
+    if seen is not None:
+        seen_e = seen[rows, c]  # (E, Q)
+        at_j = seen_e.gather(1, j[:, None])  # (E, 1)
+        live = live & (seen_e == at_j)
+        carried = carried * (at_j == 0).to(carried.dtype)
+    decay = torch.exp(torch.where(live[..., None], a_j - a_e, torch.full_like(a_e, -torch.inf)))  # (E, Q, H)
+    w = decay * (gamma[rows, c] + dnext[rows, c] * (k < j[:, None]).to(decay.dtype)[..., None])
+    own = torch.einsum("eshp,eshn->ehpn", w[..., None] * x[rows, c], B[rows, c])
+    return own + carried[..., None, None] * Z[rows, c]
