@@ -164,8 +164,8 @@ def gated_delta_chunked(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
     if ends is not None:  # S_i = e^{γ_i} S₀ + (K ⊙ Γ_i·)ᵀ U at every marked step, all at once
         entry = gam.exp() if entry is None else entry
         rows, steps = _marked_rows(ends)
-        n, i = steps // C, steps % C
-        reach = decay[rows, :, n, i]  # (N, h, C) Γ_i· of the marked step
-        S = (entry[rows, :, n, i][..., None, None] * S0[rows, :, n]
-             + (k[rows, :, n] * reach[..., None]).transpose(-1, -2) @ U[rows, :, n])  # (N, h, K, V)
+        chunk, i = steps // C, steps % C  # (N,) the marked step's chunk and place in it
+        reach = decay[rows, :, chunk, i]  # (N, h, C) Γ_i· of the marked step
+        S = (entry[rows, :, chunk, i][..., None, None] * S0[rows, :, chunk]
+             + (k[rows, :, chunk] * reach[..., None]).transpose(-1, -2) @ U[rows, :, chunk])  # (N, h, K, V)
     return o.to(v.dtype), S
