@@ -124,3 +124,32 @@ def test_plot_is_skipped_with_a_note_without_matplotlib(tmp_path, synth_registry
     m = run_module.train(_spec(tmp_path, epochs=1), output=tmp_path / "np", registry=synth_registry, progress=Progress(stream))
     assert m["plot"] is None and not (tmp_path / "np" / "curves.png").exists()
     assert "matplotlib is not installed" in stream.getvalue()
+
+
+def test_lm_targets_marked_ignore_are_not_scored():
+    """Token tasks with targets at some positions only (MQAR queries, a selective copy's output part):
+    IGNORE positions add nothing to the loss or the token accuracy."""
+    import torch
+
+    from zoo_core.train.loop import IGNORE, evaluate, per_sample_loss
+
+    out = torch.randn(2, 5, 7)
+    y = torch.randint(0, 7, (2, 5))
+    y[0, :3] = IGNORE
+    per = per_sample_loss("lm", out, y)
+    ref0 = torch.nn.functional.cross_entropy(out[0, 3:], y[0, 3:])
+    torch.testing.assert_close(per[0], ref0)
+    torch.testing.assert_close(per[1], torch.nn.functional.cross_entropy(out[1], y[1]))
+    garbage = out.clone()
+    garbage[0, :3] = 1e4  # what the ignored positions predict does not matter
+    torch.testing.assert_close(per_sample_loss("lm", garbage, y), per)
+
+    class Fixed(torch.nn.Module):
+        def forward(self, x):
+            return out[: x.shape[0]]
+
+    y2 = out.argmax(-1).clone()
+    y2[1, 4] = (y2[1, 4] + 1) % 7  # one wrong among the 2 + 5 scored
+    y2[0, :3] = IGNORE
+    m = evaluate(Fixed(), {"X": torch.zeros(2, 5, dtype=torch.long), "y": y2}, "lm", batch_size=2)
+    assert m["accuracy"] == pytest.approx(6 / 7)

@@ -43,12 +43,22 @@ class Interrupted(Exception):
 
 
 # losses and metrics -------------------------------------------------------------------------------
+IGNORE = -100
+"""A token target that is not scored (``lm`` tasks: positions without a target, e.g. MQAR's keys and
+values, a selective-copy's input part, padding), as PyTorch's and HF's ``ignore_index``."""
+
+
 def per_sample_loss(task: str, out: Tensor, y: Tensor) -> Tensor:
-    """(B,) losses: cross-entropy (classification, lm: mean over tokens) or mean squared error."""
+    """(B,) losses: cross-entropy (classification; lm: mean over the scored tokens, those not
+    ``IGNORE``) or mean squared error."""
     if task == "classification":
         return F.cross_entropy(out, y, reduction="none")  # out (B, C), y (B,)
     if task == "lm":
-        return F.cross_entropy(out.transpose(1, 2), y, reduction="none").mean(dim=1)  # out (B, L, V), y (B, L)
+        ce = F.cross_entropy(out.transpose(1, 2), y, reduction="none", ignore_index=IGNORE)  # out (B, L, V), y (B, L)
+        scored = y != IGNORE
+        if bool(scored.all()):
+            return ce.mean(dim=1)
+        return ce.sum(dim=1) / scored.sum(dim=1).clamp(min=1)
     return (out - y).pow(2).mean(dim=-1)  # out, y (B, O)
 
 
@@ -59,8 +69,8 @@ def higher_is_better(metric: str) -> bool:
 def selection_metric(spec_metric: str, task: str) -> str:
     if spec_metric == "auto":
         return "accuracy" if task == "classification" else "loss"
-    if spec_metric == "accuracy" and task != "classification":
-        raise ZooError(f"training.metric accuracy needs a classification task, not {task!r}")
+    if spec_metric == "accuracy" and task not in ("classification", "lm"):
+        raise ZooError(f"training.metric accuracy needs a classification or lm task, not {task!r}")
     return spec_metric
 
 
@@ -92,7 +102,8 @@ def _batch(data: dict[str, Tensor], idx: Tensor) -> tuple[Tensor, Tensor, Tensor
     if lengths is None:
         return x, y, None
     lengths = lengths[idx]
-    return x[:, : int(lengths.max())], y, lengths
+    longest = int(lengths.max())
+    return x[:, :longest], (y[:, :longest] if y.dim() == 2 and y.shape[1] == x.shape[1] else y), lengths
 
 
 def to_tensors(split: SplitData, device: torch.device) -> dict[str, Tensor]:
@@ -108,7 +119,7 @@ def evaluate(model: nn.Module, data: dict[str, Tensor], task: str, batch_size: i
     was_training = model.training
     model.eval()
     n = int(data["X"].shape[0])
-    total, correct, abs_err = 0.0, 0, 0.0
+    total, correct, abs_err, scored = 0.0, 0, 0.0, 0
     for start in range(0, n, batch_size):
         x, y, lengths = _batch(data, torch.arange(start, min(start + batch_size, n), device=data["X"].device))
         out = call_model(model, x, lengths)
@@ -117,6 +128,10 @@ def evaluate(model: nn.Module, data: dict[str, Tensor], task: str, batch_size: i
             correct += int((out.argmax(dim=-1) == y).sum())
         elif task == "regression":
             abs_err += float((out - y).abs().double().mean(dim=-1).sum())
+        elif task == "lm":  # token accuracy over the scored positions
+            mask = y != IGNORE
+            correct += int(((out.argmax(dim=-1) == y) & mask).sum())
+            scored += int(mask.sum())
     model.train(was_training)
     metrics = {"loss": total / n}
     if task == "classification":
@@ -125,6 +140,8 @@ def evaluate(model: nn.Module, data: dict[str, Tensor], task: str, batch_size: i
         metrics.update(rmse=math.sqrt(metrics["loss"]), mae=abs_err / n)
     else:
         metrics["bits_per_token"] = metrics["loss"] / math.log(2)
+        if task == "lm":
+            metrics["accuracy"] = correct / max(scored, 1)
     return metrics
 
 
