@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase, runs_path
 from zoo_core.logs import log_once
+from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, require_float
 
@@ -147,6 +148,12 @@ class LrcSSM(CoreBase, params=LrcSSMParams):
         dr = torch.addcmul(-sf, dq, inner)  # ∂r/∂x
         return torch.addcmul(x, eps, r), torch.addcmul(torch.addcmul(torch.ones_like(r), eps_x, r), eps, dr)
 
+    def _step_and_jacobian_reset(self, x: Tensor, pf: Tensor, pz: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
+        """``step_and_jacobian`` of packed documents: keep (..., 1) is 0 at a document's first step, where
+        the previous state is replaced by zero (F(0)) and the Jacobian is zero (nothing carried across)."""
+        F, J = self.step_and_jacobian(x * keep, pf, pz)
+        return F, J * keep
+
     def cell(self, x: Tensor, pf: Tensor, pz: Tensor) -> Tensor:
         """One Euler step x_{t−1} -> x_t for x, pf, pz (..., D)."""
         q = torch.sigmoid(self.weight_sigma * (x - self.weight_mu))  # (..., D)
@@ -163,11 +170,17 @@ class LrcSSM(CoreBase, params=LrcSSMParams):
 
     # solvers ----------------------------------------------------------------------------
     @runs_path("sequential")
-    def _solve_sequential(self, pf: Tensor, pz: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
+    def _solve_sequential(self, pf: Tensor, pz: Tensor, h0: Tensor, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The loop over time; ``keep`` (B, L, 1), for packed documents, zeroes the state entering each start."""
         x, xs = h0, []
-        for pf_t, pz_t in zip(pf.unbind(1), pz.unbind(1), strict=True):  # unbind: one backward node, not L slices
-            x = self.cell(x, pf_t, pz_t)  # (B, D)
-            xs.append(x)
+        if keep is None:
+            for pf_t, pz_t in zip(pf.unbind(1), pz.unbind(1), strict=True):  # unbind: one backward node, not L slices
+                x = self.cell(x, pf_t, pz_t)  # (B, D)
+                xs.append(x)
+        else:
+            for pf_t, pz_t, k_t in zip(pf.unbind(1), pz.unbind(1), keep.unbind(1), strict=True):
+                x = self.cell(x * k_t, pf_t, pz_t)  # (B, D)
+                xs.append(x)
         return torch.stack(xs, 1), x  # (B, L, D), (B, D)
 
     def _window(self, B: int, L: int, D: int) -> int | None:
@@ -178,14 +191,19 @@ class LrcSSM(CoreBase, params=LrcSSMParams):
         return window if window < L else None
 
     @runs_path("deer")
-    def _solve_deer(self, pf: Tensor, pz: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
+    def _solve_deer(self, pf: Tensor, pz: Tensor, h0: Tensor, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Newton (DEER) over the whole batch. With ``keep`` (B, L, 1; packed documents) the previous
+        state is zero and the Jacobian zero at every document start: the linearised scan of each sweep
+        restarts there, so every document is solved from zero in the same sweeps (and a start step
+        is exact at once, like step 0)."""
         scan = self.ops.scan
         tol = self.tol if self.tol is not None else default_tol(pf.dtype)
         B, L, D = pf.shape
         window = self._window(B, L, D)
+        step, inputs = ((self.step_and_jacobian, (pf, pz)) if keep is None
+                        else (self._step_and_jacobian_reset, (pf, pz, keep)))
         with torch.no_grad():
-            res = newton_fixed_point(self.step_and_jacobian, (pf, pz), h0, scan=scan, tol=tol,
-                                     max_iter=self.max_iter, window=window)
+            res = newton_fixed_point(step, inputs, h0, scan=scan, tol=tol, max_iter=self.max_iter, window=window)
         self.last_iterations = res.iterations
         self.last_solve = dataclasses.replace(res, x=res.x[:0])
         log.debug("lrcssm deer: %d Newton sweep(s) at L=%d in %d window(s), at most %d per window, residual %.2e (tol %.0e)",
@@ -199,9 +217,9 @@ class LrcSSM(CoreBase, params=LrcSSMParams):
                     "sequential loop), or set on_nonconvergence: fallback")
             log_once(log, logging.WARNING, "deer-nonconvergence", "%s; falling back to the exact sequential loop "
                      "(said once; later calls fall back silently)", msg)
-            return self._solve_sequential(pf, pz, h0)
+            return self._solve_sequential(pf, pz, h0, keep)
         if torch.is_grad_enabled() and (pf.requires_grad or pz.requires_grad or h0.requires_grad):
-            return newton_step(self.step_and_jacobian, res.x, (pf, pz), h0, scan=scan, window=window)
+            return newton_step(step, res.x, inputs, h0, scan=scan, window=window)
         return res.x, res.x[:, -1]
 
     # sequence ---------------------------------------------------------------------------
@@ -215,6 +233,18 @@ class LrcSSM(CoreBase, params=LrcSSMParams):
         pf, pz = self.drive(u)  # (B, L, D) each
         states, last = self.run_path(pf, pz, h0.to(u.dtype))  # (B, L, D), (B, D)
         return self._out(states).to(x.dtype), {"x": last}
+
+    def forward_packed(self, x: Tensor, segments: Segments, *, with_states: bool = True) -> tuple[Tensor, State | None]:
+        """Packed documents (``zoo_core.packing``) in one solve of the chosen path over the whole batch:
+        the state entering every document start is zero (and, for Newton, so is the Jacobian there);
+        each final state is the document's last step."""
+        require_float(x, "LrcSSM")
+        segments.check(x)
+        u = x.to(self.weight_mu.dtype)  # (B, L, H)
+        pf, pz = self.drive(u)  # (B, L, D) each
+        h0 = self.init_state(u.shape[0], dtype=u.dtype, device=u.device)["x"]
+        states, _ = self.run_path(pf, pz, h0, segments.reset_mask(pf))  # (B, L, D)
+        return self._out(states).to(x.dtype), ({"x": segments.at_ends(states)} if with_states else None)
 
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         require_float(x_t, "LrcSSM")

@@ -13,7 +13,7 @@ DEFAULT_MAX_ITER = 100
 
 class LrcSSMParams(CoreParams):
     # Nonlinear and input-dependent: no "lti" (no convolution), real state, Δt fixed (no rescaling).
-    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "packing"})
 
     d_state: int | None = Field(
         None, ge=1, le=65536,
