@@ -21,7 +21,7 @@ GRID = [(0.0, 0.5), (0.0, 1.0), (0.3, 0.6), (1.0, 1.0), (2.5, 0.9), (10.0, 0.2),
 
 
 def _grid() -> tuple[torch.Tensor, torch.Tensor]:
-    A, dt = zip(*GRID)
+    A, dt = zip(*GRID, strict=True)
     return torch.tensor(A, dtype=F64), torch.tensor(dt, dtype=F64)  # (P,), (P,)
 
 
@@ -306,7 +306,7 @@ def test_doubling_dt_on_a_held_input_converges_at_first_order(disc):
             y_fine = fine(u.repeat_interleave(2, 1))[:, 1::2]  # held: two steps of Δ per sample
         gaps.append(((y_coarse - y_fine).abs().max() / y_fine.abs().max()).item())
     assert gaps[0] > 1e-4  # Δ matters: the comparison is not vacuous
-    for a, b in zip(gaps, gaps[1:]):
+    for a, b in zip(gaps, gaps[1:], strict=False):
         assert 1.6 < a / b < 2.5, gaps
 
 

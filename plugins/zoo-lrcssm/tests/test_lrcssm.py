@@ -115,7 +115,7 @@ def _outputs_and_grads(layer: LrcSSM, u: torch.Tensor, x0: torch.Tensor) -> dict
     names = [n for n, _ in layer.named_parameters()]
     grads = torch.autograd.grad(loss, [u, x0, *layer.parameters()])
     return {"output": y, "final state": state["x"], "grad u": grads[0], "grad x0": grads[1],
-            **{f"grad {n}": gr for n, gr in zip(names, grads[2:])}}
+            **{f"grad {n}": gr for n, gr in zip(names, grads[2:], strict=True)}}
 
 
 @pytest.mark.parametrize("elastance", ["asymmetric", "symmetric"])
@@ -302,7 +302,7 @@ def test_float32_and_float64_builds_agree():
     a = LrcSSM(d_model=3, d_state=6, dtype=torch.float32)
     torch.manual_seed(6)
     b = LrcSSM(d_model=3, d_state=6, dtype=F64)
-    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         torch.testing.assert_close(p.to(F64), q, rtol=1e-6, atol=1e-7, msg=n)
 
 

@@ -167,7 +167,7 @@ def test_float32_and_float64_builds_agree():
     a = LRU(d_model=3, d_state=6, dtype=torch.float32)
     torch.manual_seed(6)
     b = LRU(d_model=3, d_state=6, dtype=F64)
-    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         torch.testing.assert_close(p.to(F64), q, rtol=1e-6, atol=1e-7, msg=n)
 
 
