@@ -119,3 +119,70 @@ def test_bad_marks_are_refused_naming_the_shape(name):
         SCANS[name](*args, reset=torch.zeros(1, 6))
     with pytest.raises(ValueError, match=r"ends must be a bool \(Bt, L\) = \(1, 6\) mask"):
         SCANS[name](*args, ends=torch.zeros(1, 5, dtype=torch.bool))
+
+
+# the core -------------------------------------------------------------------------------------------
+def _core(backend: str, dtype=F64, chunk_size: int = 4, **kw) -> Mamba3:
+    torch.manual_seed(3)
+    return Mamba3(d_model=6, d_state=4, nheads=2, ngroups=2, chunk_size=chunk_size, backend=backend, dtype=dtype, **kw)
+
+
+@pytest.mark.parametrize("backend", list(SCANS))
+def test_packed_runs_natively_not_document_by_document(backend, monkeypatch):
+    import zoo_core.packing as packing
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("by_documents was called: the native packed path was not used")
+
+    monkeypatch.setattr(packing, "by_documents", refuse)
+    seg = Segments.from_seq_idx(torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, -1], [0, 1, 1, 1, 1, 1, 1, 1, 1]]))
+    y, states = packing.run_packed(_core(backend), torch.randn(2, 9, 6, dtype=F64), seg, with_states=True)
+    assert y.shape == (2, 9, 6)
+    assert {k: tuple(v.shape) for k, v in states.items()} == {"ssm": (5, 2, 6, 4), "x_prev": (5, 2, 6),
+                                                             "B_prev": (5, 2, 4), "angle": (5, 2, 2)}
+
+
+@pytest.mark.parametrize("backend", list(SCANS))
+def test_right_padded_prefill_keeps_each_sample_state_whatever_the_padding_holds(backend):
+    """transformers issue 48256: Δ not masked on right padding corrupted the carried state. Here the
+    padding holds values of 1e4, and each sample's final state (all four parts) is still its own."""
+    core = _core(backend, dtype=torch.float32)
+    lengths = torch.tensor([11, 3, 1, 16])
+    x = torch.randn(4, 16, 6)
+    pad = torch.arange(16)[None] >= lengths[:, None]
+    x = torch.where(pad[..., None], torch.randn(4, 16, 6) * 1e4, x)
+    y, states = run_packed(core, x, Segments.from_lengths(lengths, 16), with_states=True)
+    assert torch.isfinite(y).all()
+    for b, n in enumerate(lengths.tolist()):
+        y1, s1 = core.forward_with_state(x[b: b + 1, :n])
+        torch.testing.assert_close(y[b, :n], y1[0], rtol=1e-5, atol=1e-5)
+        for k in s1:
+            torch.testing.assert_close(states[k][b], s1[k][0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", list(SCANS))
+def test_packed_float32_at_length_300_equals_each_document_alone(backend):
+    """Nine documents in two rows of 300 steps, chunks of 64: lengths 1, documents crossing one and
+    several chunk boundaries, one starting exactly on a boundary (128), padding at the end."""
+    lens = [[1, 127, 70, 2, 100], [64, 1, 200, 30]]
+    seg = _segments(lens, 300)
+    core = _core(backend, dtype=torch.float32, chunk_size=64)
+    x = torch.randn(2, 300, 6)
+    with torch.no_grad():
+        y, states = run_packed(core, x, seg, with_states=True)
+        y_ref, ref = by_documents(core, x, seg)
+    valid = seg.valid
+    torch.testing.assert_close(y[valid], y_ref[valid], rtol=1e-4, atol=1e-5)
+    for k in ref:
+        torch.testing.assert_close(states[k], ref[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_the_angle_restarts_per_document_exactly_after_a_long_prefix():
+    """The per-document angle is a difference of row cumulative sums; formed in float64 it keeps a
+    late document's angle as its own cumulative sum would, even after a row prefix of 1e4 rad."""
+    from zoo_mamba3.core import cumsum_per_document
+
+    seg = _segments([[5000, 7]], 5007)
+    theta = torch.full((1, 5007, 1), 2.0) + torch.rand(1, 5007, 1) * 1e-3
+    got = cumsum_per_document(theta, seg)[0, 5000:]
+    torch.testing.assert_close(got, torch.cumsum(theta[0, 5000:], 0), rtol=0, atol=2e-6)

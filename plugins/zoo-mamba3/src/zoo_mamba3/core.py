@@ -15,12 +15,17 @@ There is no convolution (Mamba-3 drops it). The state carried between calls (and
 ``ssm`` (Bt, H, P, N), the last step's ``x_prev`` (Bt, H, P) and rotated ``B_prev`` (Bt, H, N)
 for the trapezoid's β term, and the cumulative rotary angle ``angle`` (Bt, H, N/2). Parameter names
 equal the reference's, so its state dict loads by name.
+
+Packed documents (``forward_packed``, ``zoo_core.packing``) run in one call, every document as a fresh
+sequence: the rotary angle is summed within each document only, and the scan's ``reset`` mark drops
+the state and the trapezoid's previous-step term at each document start; each document's final state
+(``ssm`` from the scan's ``ends``, ``x_prev``, ``B_prev``, ``angle``) is read at its last step.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import torch
@@ -30,6 +35,7 @@ from torch import Tensor, nn
 from zoo_core.corebase import CoreBase
 from zoo_core.init.diag import softplus_inverse_dt
 from zoo_core.nn.gated_norm import GatedRMSNorm
+from zoo_core.packing import Segments
 from zoo_core.params import resolve_heads
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import OptimHint, State, require_float, require_state_keys
@@ -43,6 +49,21 @@ def rotate_half(v: Tensor, angle: Tensor) -> Tensor:
     v1, v2 = v.chunk(2, dim=-1)
     cos, sin = torch.cos(angle), torch.sin(angle)
     return torch.cat([v1 * cos - v2 * sin, v1 * sin + v2 * cos], dim=-1)
+
+
+def cumsum_per_document(v: Tensor, segments: Segments) -> Tensor:
+    """Σ_{r ≤ t, r in t's document} v_r for v (Bt, L, ...): the row's cumulative sum minus its value
+    just before the document's first step. The two are formed in float64 (where the device has it):
+    a float32 difference would lose eps · |row prefix| (6e-5 rad after a prefix of 1e3), while the
+    wide one keeps each document's sum as precise as its own cumulative sum alone."""
+    wide = v.dtype if v.device.type == "mps" else torch.promote_types(v.dtype, torch.float64)
+    total = torch.cumsum(v.to(wide), dim=1)  # (Bt, L, ...)
+    L = v.shape[1]
+    before = torch.arange(L, device=v.device) - segments.position - 1  # (Bt, L): the step before the start, −1 at step 0
+    index = before.clamp(min=0).reshape(*before.shape, *([1] * (v.dim() - 2))).expand_as(total)
+    prior = torch.where((before >= 0).reshape(index.shape[:2] + (1,) * (v.dim() - 2)), total.gather(1, index),
+                        torch.zeros((), dtype=wide, device=v.device))
+    return (total - prior).to(v.dtype)
 
 
 class Mamba3(CoreBase, params=Mamba3Params):
@@ -109,9 +130,10 @@ class Mamba3(CoreBase, params=Mamba3Params):
         self.out_proj = nn.Linear(Di, d_model, bias=bias, **kw)
 
     # pieces ------------------------------------------------------------------------------
-    def _project(self, u: Tensor, angle0: Tensor | None) -> dict[str, Tensor]:
+    def _project(self, u: Tensor, angle0: Tensor | None, segments: Segments | None = None) -> dict[str, Tensor]:
         """Everything the scan needs from u (Bt, L, Dm): z, x (Bt, L, H, P), Δ, λ (Bt, L, H),
-        rotated B, C (Bt, L, H, N) and the cumulative angle (Bt, L, H, N/2) continuing angle0."""
+        rotated B, C (Bt, L, H, N) and the cumulative angle (Bt, L, H, N/2) continuing angle0, or
+        restarting at every document of ``segments``."""
         Bt, L, _ = u.shape
         H, P, N, G = self.nheads, self.headdim, self.d_state, self.ngroups
         z, x, B, C, dt_raw, theta, lam_raw = self.in_proj(u).split(self._split, -1)
@@ -128,9 +150,13 @@ class Mamba3(CoreBase, params=Mamba3Params):
             B, C = B + self.B_bias, C + self.C_bias
         out = {"z": z, "x": x.reshape(Bt, L, H, P), "dt": dt}
         if self.use_rope:
-            angle = torch.cumsum(theta.reshape(Bt, L, H, N // 2).to(dt.dtype) * self.dt_scale, dim=1)
-            if angle0 is not None:
-                angle = angle + angle0[:, None]
+            theta = theta.reshape(Bt, L, H, N // 2).to(dt.dtype) * self.dt_scale
+            if segments is not None:
+                angle = cumsum_per_document(theta, segments)
+            else:
+                angle = torch.cumsum(theta, dim=1)
+                if angle0 is not None:
+                    angle = angle + angle0[:, None]
             B, C = rotate_half(B, angle), rotate_half(C, angle)
             out["angle"] = angle
         out["B"], out["C"] = B, C
@@ -157,14 +183,44 @@ class Mamba3(CoreBase, params=Mamba3Params):
             h0, x_prev, B_prev = state["ssm"], state.get("x_prev"), state.get("B_prev")
         y, h = scan(p["x"], p["dt"], self.A(), p["B"], p["C"], p.get("lam"), h0, x_prev, B_prev,
                     chunk_size=self.chunk_size)
+        return self._output(u, y, p), self._state_after(h, p, lambda t: t[:, -1])
+
+    def _output(self, u: Tensor, y: Tensor, p: Mapping[str, Tensor]) -> Tensor:
+        """The scan's y (Bt, L, H, P) -> out (Bt, L, Dm): the D skip, the gated norm, out_proj."""
+        Bt, L, _ = u.shape
         y = (y + p["x"] * self.D[:, None]).to(u.dtype)  # (Bt, L, H, P)
-        out = self.out_proj(self.norm(y.reshape(Bt, L, self.d_inner), p["z"]))
+        return cast(Tensor, self.out_proj(self.norm(y.reshape(Bt, L, self.d_inner), p["z"])))
+
+    def _state_after(self, h: Tensor, p: Mapping[str, Tensor], last: Callable[[Tensor], Tensor]) -> State:
+        """The state after a sequence's last step (``last`` picks it: the final step, or each document's)."""
         new: State = {"ssm": h}
         if self.use_trapezoidal:
-            new["x_prev"], new["B_prev"] = p["x"][:, -1].to(h.dtype), p["B"][:, -1].to(h.dtype)
+            new["x_prev"], new["B_prev"] = last(p["x"]).to(h.dtype), last(p["B"]).to(h.dtype)
         if self.use_rope:
-            new["angle"] = p["angle"][:, -1].to(h.dtype)
-        return out, new
+            new["angle"] = last(p["angle"]).to(h.dtype)
+        return new
+
+    def forward_packed(self, x: Tensor, segments: Segments, *, with_states: bool = True) -> tuple[Tensor, State | None]:
+        """Packed documents x (Bt, L, Dm) laid out by ``segments``, each a fresh sequence, in one call:
+        y (Bt, L, Dm) and each document's final state (batch N, the parts ``forward_with_state`` returns).
+
+        On padding steps the scan sees Δ = 0 and x = 0 (transformers issue 48256: an unmasked Δ on right
+        padding corrupted the carried state; B and C are normed, so bounded): whatever the padding
+        holds, it neither moves a state nor reaches a document's numbers."""
+        require_float(x, "Mamba3")
+        segments.check(x)
+        p = self._project(x, None, segments)
+        valid = segments.valid[..., None]  # (Bt, L, 1)
+        p["dt"] = torch.where(valid, p["dt"], torch.zeros((), dtype=p["dt"].dtype, device=x.device))
+        p["x"] = torch.where(valid[..., None], p["x"], torch.zeros((), dtype=p["x"].dtype, device=x.device))
+        ends = None
+        if with_states:
+            ends = torch.zeros(segments.shape, dtype=torch.bool, device=x.device)
+            ends[segments.doc_row, segments.doc_end] = True  # (Bt, L)
+        scan = cast(TrapScanOp, self.ops.scan)
+        y, h = scan(p["x"], p["dt"], self.A(), p["B"], p["C"], p.get("lam"), chunk_size=self.chunk_size,
+                    reset=segments.starts, ends=ends)
+        return self._output(x, y, p), (self._state_after(h, p, segments.at_ends) if with_states else None)
 
     # sequence and streaming ----------------------------------------------------------------
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:

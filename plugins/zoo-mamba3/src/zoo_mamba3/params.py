@@ -17,8 +17,9 @@ from zoo_core.params import CoreParams, DtRange, DtScale, resolve_heads
 
 class Mamba3Params(CoreParams, DtRange, DtScale):
     # Selective (input-dependent Δ, B, C, θ, λ): no "lti". Δ is a step size (exp(Δ·A), the trapezoid's
-    # weights Δ·λ and Δ·(1 − λ)), so a sampling rate can rescale it: "continuous_time".
-    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "continuous_time"})
+    # weights Δ·λ and Δ·(1 − λ)), so a sampling rate can rescale it: "continuous_time". Packed documents
+    # run natively (forward_packed): "packing".
+    capabilities: ClassVar[frozenset[str]] = frozenset({"causal", "step", "initial_state", "continuous_time", "packing"})
 
     d_state: int = Field(64, ge=1, le=1024, description="state size N per head (even when use_rope: pairs rotate)")
     expand: int = Field(2, ge=1, le=64, description="inner width Di = expand · d_model")
