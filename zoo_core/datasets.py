@@ -10,8 +10,10 @@ nothing heavy; a loader imports its package when it runs.
 What a loader returns (``SplitData``):
 
 * ``X``: float32 ``(n, L, D)``, unequal-length sets zero-padded at the end (never truncated), or
-  int64 tokens ``(n, L)`` for language modelling;
-* ``y``: int64 class ids ``(n,)``, float32 targets ``(n, O)``, or int64 next tokens ``(n, L)``;
+  int64 tokens ``(n, L)`` (a dataset registered with ``vocab_size`` and no ``channels``: language
+  modelling, token tasks such as MQAR, or token classification such as ListOps);
+* ``y``: int64 class ids ``(n,)``, float32 targets ``(n, O)``, or int64 next tokens ``(n, L)``
+  (lm; ``-100`` marks a position with no target, ``zoo_core.train.loop.IGNORE``);
 * ``lengths``: int64 ``(n,)`` valid steps per sequence, or None when every sequence is full length.
 """
 
@@ -132,6 +134,12 @@ def _check_split(info: DatasetInfo, split: str, data: SplitData) -> None:
     if info.task == "lm":
         if data.X.dtype != np.int64 or data.X.ndim != 2 or data.y.shape != data.X.shape:
             bad.append(f"tokens X {data.X.shape} {data.X.dtype}, y {data.y.shape}")
+    elif info.vocab_size is not None and info.channels is None:  # token input, one target per sequence
+        if data.X.dtype != np.int64 or data.X.ndim != 2:
+            bad.append(f"tokens X {data.X.shape} {data.X.dtype} (want int64 (n, L))")
+        want_y = (n,) if info.task == "classification" else (n, info.outputs)
+        if tuple(data.y.shape) != want_y:
+            bad.append(f"y {tuple(data.y.shape)} (want {want_y})")
     else:
         if data.X.dtype != np.float32 or data.X.ndim != 3 or data.X.shape[2] != info.channels:
             bad.append(f"X {data.X.shape} {data.X.dtype} (want float32 (n, L, {info.channels}))")
@@ -160,7 +168,7 @@ def check_spec_fits(info: DatasetInfo, env: Any, where: str = "spec") -> None:
     if info.task == "regression" and task.outputs != info.outputs:
         raise SpecError(f"{where}: task.outputs is {task.outputs} but {name!r} has {info.outputs} target(s); "
                         f"set task.outputs: {info.outputs}")
-    if info.task == "lm":
+    if info.task == "lm" or (info.vocab_size is not None and info.channels is None):
         if inp.vocab_size is None or inp.vocab_size < (info.vocab_size or 0):
             raise SpecError(f"{where}: input.vocab_size is {inp.vocab_size} but {name!r} uses {info.vocab_size} tokens; "
                             f"set input.vocab_size: {info.vocab_size}")

@@ -38,6 +38,16 @@ def synth_lm_loader(split: str) -> SplitData:
     return SplitData(tokens[:, :-1].astype(np.int64), tokens[:, 1:].astype(np.int64))
 
 
+def synth_token_loader(split: str) -> SplitData:
+    """Token classification: the class is the first token (0, 1 or 2), then 7 tokens of noise from 3..5."""
+    rng = np.random.default_rng({"train": 0, "val": 1, "test": 2}[split])
+    n = {"train": 30, "val": 9, "test": 9}[split]
+    X = rng.integers(3, 6, size=(n, 8)).astype(np.int64)
+    y = np.arange(n, dtype=np.int64) % 3
+    X[:, 0] = y
+    return SplitData(X, y)
+
+
 class SynthPlugin:
     zoo_api = 1
 
@@ -46,6 +56,8 @@ class SynthPlugin:
     def zoo_register_datasets(register):
         register("Synth3", synth_loader, description="synthetic 3-class", task="classification", channels=2, classes=3,
                  length=12, sizes={"train": 40, "test": 40}, params={"n": 40, "length": 12})
+        register("SynthTokens", synth_token_loader, description="token classification", task="classification", vocab_size=6,
+                 classes=3, length=8, sizes={"train": 30, "val": 9, "test": 9})
         register("SynthLM", synth_lm_loader, description="synthetic cyclic tokens", task="lm", vocab_size=5, length=8,
                  sizes={"train": 24, "val": 8, "test": 8})
 

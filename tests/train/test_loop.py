@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from zoo_core.errors import ZooError
+from zoo_core.errors import SpecError, ZooError
 from zoo_core.train import loop
 from zoo_core.train.loop import Interrupted, TrainingDivergedError
 from zoo_core.train.progress import Progress
@@ -153,3 +153,16 @@ def test_lm_targets_marked_ignore_are_not_scored():
     y2[0, :3] = IGNORE
     m = evaluate(Fixed(), {"X": torch.zeros(2, 5, dtype=torch.long), "y": y2}, "lm", batch_size=2)
     assert m["accuracy"] == pytest.approx(6 / 7)
+
+
+def test_token_classification_trains_on_token_input(tmp_path, synth_registry):
+    """A classification dataset of tokens (ListOps-style: vocab_size, no channels) trains an embedding model."""
+    spec = {"schema_version": 1, "task": {"kind": "classification", "classes": 3}, "input": {"vocab_size": 6},
+            "model": {"d_model": 8, "depth": 1, "core": {"kind": "lru", "preset": "tiny"}, "pool": "last"},
+            "training": {"dataset": "SynthTokens", "protocol": "official", "epochs": 2, "batch_size": 10, "lr": 3e-2}}
+    m = train(spec, output=tmp_path / "tok", registry=synth_registry, progress=QUIET)
+    run = m["seeds"][0]["runs"][0]
+    assert 0 <= run["test"]["accuracy"] <= 1 and m["seeds"][0]["split"]["sizes"] == {"train": 30, "val": 9, "test": 9}
+    bad = {**spec, "input": {"channels": 1}}
+    with pytest.raises(SpecError, match="input.vocab_size is None but 'SynthTokens' uses 6 tokens"):
+        train(bad, output=tmp_path / "bad", registry=synth_registry, progress=QUIET)
