@@ -127,8 +127,8 @@ def test_resets_chunked_equal_the_recurrence_and_each_document_alone_with_all_gr
     # the ground truth: each document alone from the zero state (no reset involved)
     with torch.no_grad():
         for i, (b, s, n) in enumerate(zip(seg.doc_row.tolist(), seg.doc_start.tolist(), seg.doc_len.tolist(), strict=True)):
-            piece = lambda t: t[b: b + 1, s: s + n]  # noqa: E731
-            y1, h1 = ssd_sequential(piece(ins["x"]), piece(ins["dt"]), ins["A"], piece(ins["B"]), piece(ins["C"]), Q)
+            x1, dt1, B1, C1 = (ins[k][b: b + 1, s: s + n] for k in ("x", "dt", "B", "C"))
+            y1, h1 = ssd_sequential(x1, dt1, ins["A"], B1, C1, Q)
             torch.testing.assert_close(out[0][seg.doc_id[seg.valid] == i], y1[0], rtol=1e-10, atol=1e-10)
             torch.testing.assert_close(out[1][i], h1[0], rtol=1e-10, atol=1e-10)
 

@@ -173,10 +173,10 @@ def trap_scan_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, la
 
     # between chunks: Z_c, the state entering chunk c (trapezoid term included); Z_nc is the final state
     # (unbind, not S[:, c]: indexing a slice would backpropagate a full-size zero tensor per chunk)
-    chunk_decay = torch.exp(acum[:, :, -1])  # (Bt, nc, H)
+    across = torch.exp(acum[:, :, -1])  # (Bt, nc, H)
     if seen is not None:  # nothing passes across a chunk holding a start
-        chunk_decay = chunk_decay * (seen[:, :, -1:] == 0).to(ct)
-    chunk_decay = chunk_decay[..., None, None].unbind(1)  # nc × (Bt, H, 1, 1)
+        across = across * (seen[:, :, -1:] == 0).to(ct)
+    chunk_decay = across[..., None, None].unbind(1)  # nc × (Bt, H, 1, 1)
     inputs, crossing = S.unbind(1), cross.unbind(1)
     entering = []
     for c in range(nc):
