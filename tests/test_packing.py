@@ -185,3 +185,26 @@ def test_a_packed_batch_scores_as_the_padded_one(core):
     packed, seq_idx, order = pack_batch(x, lengths)
     with torch.no_grad():
         torch.testing.assert_close(model(packed, seq_idx=seq_idx), model(x, lengths)[order])
+
+
+def test_packed_period_outputs_and_features():
+    """Blockwise supervision and per-step features take seq_idx too: the last period is forward's output."""
+    from zoo_core.build import build_model
+    from zoo_core.packing import pack_batch
+    from zoo_core.testing.helpers import model_spec
+
+    model = build_model(model_spec("s4d", d_model=8, depth=4, stacking={"policy": "periodic", "period": 2}), seed=0,
+                        dtype=torch.float64).eval()
+    lengths = torch.tensor([7, 3, 5, 2])
+    x = torch.randn(4, 7, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    packed, seq_idx, order = pack_batch(x, lengths)
+    with torch.no_grad():
+        outs = model.period_outputs(packed, seq_idx=seq_idx)
+        assert len(outs) == 2
+        torch.testing.assert_close(outs[-1], model(packed, seq_idx=seq_idx))
+        torch.testing.assert_close(outs[0], model.period_outputs(x, lengths)[0][order])
+        feats = model.features(packed, seq_idx=seq_idx)
+        seg = Segments.from_seq_idx(seq_idx)
+        torch.testing.assert_close(seg.unpack(feats)[0, :7], model.features(x[int(order[0]) : int(order[0]) + 1])[0])
+    with pytest.raises(Exception, match="lengths .* or seq_idx .*not both"):
+        model(packed, torch.tensor([7] * packed.shape[0]), seq_idx=seq_idx)
