@@ -195,3 +195,42 @@ def test_the_models_own_eos_is_the_default_and_the_spec_checks_it():
                         ({"kind": "classification", "classes": 3, "eos_token_id": 1}, "does not take task.eos_token_id")):
         with pytest.raises(SpecError, match=match):
             load_spec({**spec, "task": task})
+
+
+@pytest.mark.parametrize("name", sorted(CORES))
+def test_right_padded_prompts_generate_as_each_prompt_alone(name):
+    """prompt_lengths: unequal prompts prefilled as packed documents (padding of any token never
+    reaches a state, transformers #48256's pitfall), each continued from its own last token."""
+    model = _model(name)
+    prompt = _prompt(3, 9, seed=4)
+    lengths = torch.tensor([9, 4, 1])
+    padded = prompt.clone()
+    padded[1, 4:] = 7
+    padded[2, 1:] = 0
+    if any(c.hparams.grows_state() for c in model.cores()):  # a KV cache per prompt has the prompt's length
+        with pytest.raises(ValueError, match="cannot batch these documents' final states"):
+            generate(model, padded, 6, prompt_lengths=lengths, eos_token_id=None)
+        return
+    out = generate(model, padded, 6, prompt_lengths=lengths, eos_token_id=None)
+    assert out.shape == (3, 9 + 6) and torch.equal(out[:, :9], padded)
+    for b, n in enumerate(lengths.tolist()):
+        alone = generate(model, prompt[b : b + 1, :n], 6, eos_token_id=None)
+        assert torch.equal(out[b, 9:], alone[0, n:]), (b, out[b], alone)
+    with pytest.raises(SpecError, match="prompt_lengths must lie in"):
+        generate(model, padded, 2, prompt_lengths=torch.tensor([9, 0, 1]))
+
+
+def test_a_packed_prefill_gives_each_document_its_own_state():
+    """model.forward_with_state(x, seq_idx=...) -> one stream per document, each continuing as alone."""
+    model = _model("mamba")
+    seq = _prompt(1, 12, seed=9)
+    seq_idx = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2]])
+    with torch.no_grad():
+        logits, state = model.forward_with_state(seq, seq_idx=seq_idx)
+        assert state.t.tolist() == [5, 3, 4] and logits.shape == (1, 12, V)
+        nxt = torch.tensor([3, 5, 8])
+        stepped, _ = model.step(nxt, state)
+        for d, (s, e) in enumerate([(0, 5), (5, 8), (8, 12)]):
+            solo = model(torch.cat([seq[:, s:e], nxt[d : d + 1, None]], 1))
+            torch.testing.assert_close(logits[0, s:e], solo[0, :-1])
+            torch.testing.assert_close(stepped[d], solo[0, -1])

@@ -208,3 +208,22 @@ def test_packed_period_outputs_and_features():
         torch.testing.assert_close(seg.unpack(feats)[0, :7], model.features(x[int(order[0]) : int(order[0]) + 1])[0])
     with pytest.raises(Exception, match="lengths .* or seq_idx .*not both"):
         model(packed, torch.tensor([7] * packed.shape[0]), seq_idx=seq_idx)
+
+
+@pytest.mark.parametrize("pool", ["mean", "last", "mean_logits"])
+def test_a_packed_prefill_of_a_pooled_model_continues_each_document(pool):
+    from zoo_core.build import build_model
+    from zoo_core.testing.helpers import model_spec
+
+    model = build_model(model_spec("lru", d_model=8, pool=pool, inp={"channels": 3, "include_time": True, "length": 20}),
+                        seed=0, dtype=torch.float64).eval()
+    x = torch.randn(1, 10, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    seq_idx = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1, 1, -1]])
+    nxt = torch.randn(2, 3, dtype=torch.float64)
+    with torch.no_grad():
+        y, state = model.forward_with_state(x, seq_idx=seq_idx)
+        stepped, _ = model.step(nxt, state)
+        for d, (s, e) in enumerate([(0, 4), (4, 9)]):
+            doc = x[:, s:e]
+            torch.testing.assert_close(y[d], model(doc)[0])
+            torch.testing.assert_close(stepped[d], model(torch.cat([doc, nxt[d : d + 1, None]], 1))[0])

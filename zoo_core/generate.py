@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from .errors import SpecError
+from .packing import Segments
 
 __all__ = ["generate", "filter_logits", "model_eos"]
 
@@ -93,6 +94,15 @@ def _choose(logits: Tensor, do_sample: bool, temperature: float, top_k: int | No
 
 
 @torch.no_grad()
+def _check_prompt_lengths(lengths: Tensor, input_ids: Tensor) -> Tensor:
+    B, L = input_ids.shape
+    if not isinstance(lengths, Tensor) or lengths.shape != (B,) or lengths.dtype not in (torch.int32, torch.int64):
+        raise SpecError(f"prompt_lengths must be an integer tensor of shape ({B},), one length per prompt")
+    if bool((lengths < 1).any()) or bool((lengths > L).any()):
+        raise SpecError(f"prompt_lengths must lie in [1, {L}] (the padded prompt width), got {lengths.tolist()}")
+    return lengths.long().to(input_ids.device)
+
+
 def generate(
     model: Any,
     input_ids: Tensor,
@@ -104,6 +114,7 @@ def generate(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
     eos_token_id: int | None | Literal["model"] = MODEL_EOS,
+    prompt_lengths: Tensor | None = None,
 ) -> Tensor:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
@@ -123,9 +134,13 @@ def generate(
             the model's own eos (``task.eos_token_id`` in its spec, which ``zoo convert`` carries
             over from transformers' configs, as transformers' ``generate`` stops there too); an int
             overrides it; ``None`` disables stopping.
+        prompt_lengths: (B,) for prompts of unequal length, right-padded in ``input_ids``: prompt b is
+            ``input_ids[b, :prompt_lengths[b]]``. They are prefilled as packed documents
+            (``zoo_core.packing``), so the padding never enters a state, and each continues from its
+            own last token — exactly as when run alone.
 
     Returns:
-        (B, L + n) LongTensor, the prompts followed by n ≤ max_new_tokens new tokens.
+        (B, L + n) LongTensor, ``input_ids`` (as given) followed by n ≤ max_new_tokens new tokens.
 
     Raises:
         SpecError: a model that is not a language model or cannot step, or bad arguments.
@@ -141,8 +156,14 @@ def generate(
         out = [input_ids]
         if max_new_tokens == 0:
             return input_ids.clone()
-        logits, state = model.forward_with_state(input_ids)  # (B, L, V): the prompt in parallel
-        next_logits = logits[:, -1]  # (B, V)
+        if prompt_lengths is None:
+            logits, state = model.forward_with_state(input_ids)  # (B, L, V): the prompt in parallel
+            next_logits = logits[:, -1]  # (B, V)
+        else:
+            lengths = _check_prompt_lengths(prompt_lengths, input_ids)
+            seg = Segments.from_lengths(lengths, input_ids.shape[1])
+            logits, state = model.forward_with_state(input_ids, seq_idx=seg.seq_idx)  # one state per prompt
+            next_logits = logits[torch.arange(len(lengths), device=logits.device), lengths - 1]
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         for i in range(max_new_tokens):
             token = _choose(next_logits, do_sample, temperature, top_k, top_p, generator)  # (B,)

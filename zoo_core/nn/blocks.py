@@ -138,6 +138,17 @@ def run_core(core: CoreBase, u: Tensor, state: State | None, segments: Segments 
     return run_packed(core, u, segments)[0]
 
 
+def core_with_state(core: CoreBase, u: Tensor, state: State | None, segments: Segments | None) -> tuple[Tensor, State]:
+    """``core.forward_with_state``; with ``segments``, every document from zero and each one's final state."""
+    if segments is None:
+        return core.forward_with_state(u, state)
+    if state is not None:
+        raise ValueError("a packed batch starts every document from the zero state; pass no state with seq_idx")
+    y, states = run_packed(core, u, segments, with_states=True)
+    assert states is not None  # run_packed raises when a core cannot batch them
+    return y, states
+
+
 class _NormsMixin:
     """Norm handling shared by the block layouts: own norms, or norms handed in per call."""
 
@@ -210,10 +221,11 @@ class Block(_NormsMixin, nn.Module):
         (n,) = self._resolve(norms)
         return self._post(x, run_core(self.core, self._pre(x, n), state, segments), n)  # (B, L, H)
 
-    def forward_with_state(self, x: Tensor, state: State | None = None, *,
-                           norms: list[nn.Module] | None = None) -> tuple[Tensor, State]:
+    def forward_with_state(self, x: Tensor, state: State | None = None, *, norms: list[nn.Module] | None = None,
+                           segments: Segments | None = None) -> tuple[Tensor, State]:
+        """Outputs and the final state; with ``segments`` (packed documents, from zero) each document's."""
         (n,) = self._resolve(norms)
-        y, new_state = self.core.forward_with_state(self._pre(x, n), state)  # (B, L, H)
+        y, new_state = core_with_state(self.core, self._pre(x, n), state, segments)  # (B, L, H)
         return self._post(x, y, n), new_state
 
     def step(self, x_t: Tensor, state: State, *, norms: list[nn.Module] | None = None) -> tuple[Tensor, State]:
@@ -270,11 +282,11 @@ class LrcBlock(_NormsMixin, nn.Module):
         u = n_in(x)
         return self._post(u, run_core(self.core, u, state, segments), n_out)
 
-    def forward_with_state(self, x: Tensor, state: State | None = None, *,
-                           norms: list[nn.Module] | None = None) -> tuple[Tensor, State]:
+    def forward_with_state(self, x: Tensor, state: State | None = None, *, norms: list[nn.Module] | None = None,
+                           segments: Segments | None = None) -> tuple[Tensor, State]:
         n_in, n_out = self._resolve(norms)
         u = n_in(x)
-        s, new_state = self.core.forward_with_state(u, state)
+        s, new_state = core_with_state(self.core, u, state, segments)
         return self._post(u, s, n_out), new_state
 
     def step(self, x_t: Tensor, state: State, *, norms: list[nn.Module] | None = None) -> tuple[Tensor, State]:

@@ -200,8 +200,18 @@ class SequenceModel(nn.Module):
         return cfg
 
     # streaming -------------------------------------------------------------------------
-    def forward_with_state(self, x: Tensor, state: ModelState | None = None) -> tuple[Tensor, ModelState]:
-        """Run a chunk starting from ``state`` (None: from zero); returns the output and new state."""
+    def forward_with_state(self, x: Tensor, state: ModelState | None = None, *,
+                           seq_idx: Tensor | None = None) -> tuple[Tensor, ModelState]:
+        """Run a chunk starting from ``state`` (None: from zero); returns the output and new state.
+
+        ``seq_idx`` (B, T) prefills a packed batch (``zoo_core.packing``; a right-padded prompt batch is
+        ``Segments.from_lengths(lengths, T).seq_idx``): every document from zero, the output as
+        ``forward(x, seq_idx=...)`` gives it, and a state with one stream per document (row-major),
+        each exactly its document's own — padding never enters it — so each continues with ``step``."""
+        if seq_idx is not None:
+            if state is not None:
+                raise UsageError("a packed prefill starts every document from the zero state; pass no state with seq_idx")
+            return self._prefill_packed(x, seq_idx)
         if state is None and self.reshaper is None:  # every core from its zero state, in parallel
             h, layers = self.stack.forward_with_state(self.encoder(self._with_time(x, 0)))
             d = self.stack.depth
@@ -212,6 +222,15 @@ class SequenceModel(nn.Module):
             state = self.init_state(x.shape[0], device=x.device)
         outs, new = self._advance(x, state, stepwise=False, reads=[self.stack.depth])
         return outs[0], new
+
+    def _prefill_packed(self, x: Tensor, seq_idx: Tensor) -> tuple[Tensor, ModelState]:
+        z, seg = self.embed_packed(x, seq_idx)
+        h, layers = self.stack.forward_with_state(z, segments=seg)  # per-document states
+        d = self.stack.depth
+        pools: dict[int, PoolState] = {}
+        if not self.pool.per_step:
+            pools[d] = self.pool.commit_documents(seg.unpack(self.final_norm(h)), seg.doc_len, self.head)
+        return self.readout_packed(h, seg), ModelState(seg.doc_len.clone(), layers, pools)
 
     def step(self, x_t: Tensor, state: ModelState) -> tuple[Tensor, ModelState]:
         """One raw time step: x_t is (B, D) features or (B,) tokens; returns (B, O) and the new state."""

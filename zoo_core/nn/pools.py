@@ -112,6 +112,13 @@ class RunningPool(Pool):
                          count=torch.zeros(batch_size, device=device, dtype=torch.long),
                          last=torch.zeros(batch_size, d_model, device=device, dtype=dtype))
 
+    def commit_documents(self, hn: Tensor, lengths: Tensor, head: Head) -> PoolState:
+        """The running state after each of N documents, from zero: hn (N, L_max, H) left-aligned
+        (``Segments.unpack``), ``lengths`` (N,) valid steps (the slots after them never count)."""
+        mask = (torch.arange(hn.shape[1], device=hn.device) < lengths[:, None]).to(hn.dtype)[..., None]  # (N, L_max, 1)
+        total = (self.summand(hn, head) * mask).sum(dim=1)
+        return PoolState(total, lengths.long(), hn[torch.arange(hn.shape[0], device=hn.device), lengths - 1])
+
     def commit(self, state: PoolState | None, hn: Tensor, head: Head) -> PoolState:
         """Fold committed steps hn (B, n, H) into the running state."""
         state = _require(state, self)

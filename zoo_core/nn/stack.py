@@ -139,8 +139,9 @@ class Stack(nn.Module):
         which ``model.apply(init_fn)`` must reach.)"""
         return self._damp(pos, h, self.block(self.block_index(pos))(h, norms=self._norms(pos), segments=segments))
 
-    def apply_with_state(self, pos: int, h: Tensor, state: State | None) -> tuple[Tensor, State]:
-        y, s = self.block(self.block_index(pos)).forward_with_state(h, state, norms=self._norms(pos))
+    def apply_with_state(self, pos: int, h: Tensor, state: State | None,
+                         segments: Segments | None = None) -> tuple[Tensor, State]:
+        y, s = self.block(self.block_index(pos)).forward_with_state(h, state, norms=self._norms(pos), segments=segments)
         return self._damp(pos, h, y), s
 
     def apply_step(self, pos: int, h_t: Tensor, state: State) -> tuple[Tensor, State]:
@@ -159,10 +160,13 @@ class Stack(nn.Module):
             x = self.run_position(pos, x, segments)
             yield pos + 1, x
 
-    def forward_with_state(self, x: Tensor, states: Sequence[State] | None = None) -> tuple[Tensor, list[State]]:
+    def forward_with_state(self, x: Tensor, states: Sequence[State] | None = None,
+                           segments: Segments | None = None) -> tuple[Tensor, list[State]]:
+        """Every position from its state (None: zero); with ``segments`` (packed documents, from zero)
+        the states returned are each document's (batch N)."""
         out = []
         for pos in range(self.depth if states is None else len(states)):
-            x, s = self.apply_with_state(pos, x, None if states is None else states[pos])
+            x, s = self.apply_with_state(pos, x, None if states is None else states[pos], segments)
             out.append(s)
         return x, out
 
