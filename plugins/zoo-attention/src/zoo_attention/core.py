@@ -29,18 +29,12 @@ import torch
 from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
-from zoo_core.errors import ZooError
+from zoo_core.errors import NotCausalError  # re-exported: raised by this core's refusals
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, require_float
 
 from .params import AttentionBidirectionalParams, AttentionParams
-
-
-class NotCausalError(ZooError, NotImplementedError):
-    """A non-causal core was asked to stream (step, init_state, or a carried state)."""
-
-    exit_code = 2
 
 
 def rope_tables(positions: Tensor, head_dim: int, base: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
-from zoo_core.errors import ZooError
+from zoo_core.errors import NotCausalError  # re-exported: raised by this core's refusals
 from zoo_core.init.diag import log_uniform_dt
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
@@ -35,12 +35,6 @@ from .init import block_hippo_n, init_B_tilde, init_C_tilde
 from .params import S5BidirectionalParams, S5Params
 
 CLIP = -1e-4  # clip_eigs: Re Λ ≤ −1e-4 keeps ZOH's (Λ̄ − 1)/Λ finite and |Λ̄| < 1
-
-
-class NotCausalError(ZooError, NotImplementedError):
-    """A non-causal core was asked to stream (step, init_state, or a carried state)."""
-
-    exit_code = 2
 
 
 def _project(x: Tensor, w: Tensor) -> Tensor:
