@@ -17,7 +17,11 @@ class Progress:
         self._bar: Any = None
 
     def line(self, text: str) -> None:
-        if not self.quiet:
+        if self.quiet:
+            return
+        if self._bar is not None:  # above the open bar, which tqdm redraws below it
+            self._bar.write(text, file=self.stream)
+        else:
             print(text, file=self.stream, flush=True)
 
     def start_epoch(self, label: str, total: int) -> None:
@@ -29,6 +33,12 @@ class Progress:
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+
+    def advance(self, n: int, status: str) -> None:
+        """Move the open bar ``n`` items and show ``status`` beside it (a sweep: cells done/running/failed)."""
+        if self._bar is not None:
+            self._bar.update(n)
+            self._bar.set_postfix_str(status)
 
     def end_epoch(self, text: str) -> None:
         if self._bar is not None:

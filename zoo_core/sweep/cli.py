@@ -1,0 +1,82 @@
+"""``zoo sweep``: run a sweep file's cells (locally or on Ray), list them, or render its report."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+from pathlib import Path
+from typing import Any
+
+from ..errors import ZooError
+from ..train.progress import Progress
+from .config import Cell, load_sweep
+from .execute import command, payload
+from .report import render_report
+from .runner import run_sweep
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--workers takes a positive integer, not {text!r}")
+    return n
+
+
+def _report(args: argparse.Namespace) -> int:
+    src = Path(args.sweep)
+    if src.is_dir():
+        results, out, title = src / "results.jsonl", src / "report", src.name
+    else:
+        sweep = load_sweep(src, output=args.output, validate=False)
+        results, out, title = sweep.results, sweep.output / "report", sweep.name
+    if not results.is_file():
+        raise ZooError(f"no results to report: {results} does not exist (run `zoo sweep {args.sweep}` first)")
+    md, pngs = render_report(results, Path(args.report_dir) if args.report_dir else out, title=title)
+    print(md.read_text(encoding="utf-8"))
+    print(f"report: {md}" + (f" (+ {len(pngs)} plot(s))" if pngs else ""))
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    if args.report:
+        return _report(args)
+    sweep = load_sweep(args.sweep, output=args.output)
+
+    def only(cell: Cell) -> bool:
+        return not args.only or any(fnmatch.fnmatch(cell.key, pat) for pat in args.only)
+
+    if args.list:
+        for cell in filter(only, sweep.cells):
+            print(f"{cell.key}\t{command(payload(sweep, cell))}")
+        return 0
+    summary = run_sweep(sweep, workers=args.workers, ray=args.ray, only=only,
+                        progress=Progress(quiet=args.quiet, bar=False if args.plain else None))
+    failed = summary.failed
+    print(f"{sweep.name}: {summary.total} cells: {summary.skipped} finished before, {len(summary.rows) - len(failed)} "
+          f"finished now, {len(failed)} failed; results: {sweep.results}")
+    for r in failed:
+        print(f"  failed: {r['key']}: {(r.get('error') or '').splitlines()[0]} (log: {sweep.output / r['run_dir'] / 'log.txt'})")
+    print(f"tables and plots: zoo sweep --report {args.sweep}")
+    return 1 if failed else 0
+
+
+def register_cli(sub: Any) -> None:
+    """Add ``sweep`` to the ``zoo`` subparsers."""
+    s = sub.add_parser("sweep", help="run a grid of zoo train cells (specs × datasets × seeds × lrs), locally or on Ray",
+                       description="Run SWEEP's cells, each a `zoo train` subprocess in its own folder, appending one "
+                       "JSON line per cell to results.jsonl. Rerunning skips finished cells and resumes half-done ones.")
+    s.add_argument("sweep", help="a sweep YAML (with --report: the YAML or its output folder)")
+    s.add_argument("-o", "--output", help="run folders (default: the file's output:, else runs/sweeps/<name>)")
+    s.add_argument("--workers", type=_positive, help="cells at once (default: CPUs / the cells' num_cpus)")
+    s.add_argument("--ray", metavar="ADDRESS", help="one Ray task per cell: 'auto' starts a local cluster "
+                   "(--workers × num_cpus CPUs), or a running cluster's address (needs zoo-core[sweep-ray])")
+    s.add_argument("--only", action="append", metavar="GLOB", help="only the cells whose key matches (repeatable)")
+    s.add_argument("--list", action="store_true", help="print every cell's key and zoo train command, run nothing")
+    s.add_argument("--report", action="store_true", help="render report.md and PNG plots from results.jsonl")
+    s.add_argument("--report-dir", help="where --report writes (default: <output>/report)")
+    s.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(fn=cmd_sweep)
