@@ -83,7 +83,10 @@ def table(cs: list[Config]) -> list[str]:
     unit = " (%)" if metric == "accuracy" else ""
     head = ["spec", *axes, f"test {metric}{unit}", "seeds", "lr picked", "params", "wall-clock / seed (s)", "epoch (s)"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for c in sorted(cs, key=lambda c: (c.spec, [c.axes.get(a, "") for a in axes])):
+    def order(c: Config) -> tuple[str, list[tuple[float, str]]]:  # numeric labels in numeric order
+        return c.spec, [(_number(c.axes.get(a, "")) or 0.0, c.axes.get(a, "")) for a in axes]
+
+    for c in sorted(cs, key=order):
         epochs = [t for r in c.picks for t in r.get("epoch_time_s") or []]
         lrs = ", ".join(dict.fromkeys(f"{r['lr']:g}" for r in c.picks))
         cells = [c.spec, *(c.axes.get(a, "—") for a in axes), _fmt(metric, c.values()), str(len(c.picks)), lrs,

@@ -1,0 +1,106 @@
+"""The scheduler on stand-in cells (tests/sweep/conftest.py::FAKE_TRAIN): parallel workers, one JSONL
+line per cell, failures recorded without stopping the sweep, resume, the folder lock, the report."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from zoo_core.cli.zoo import main as zoo
+from zoo_core.errors import ZooError
+from zoo_core.sweep import load_sweep, render_report, run_sweep
+from zoo_core.sweep.results import append, latest, read_rows
+from zoo_core.sweep.runner import folder_lock
+from zoo_core.train.progress import Progress
+
+from .conftest import write_sweep
+
+BODY = {"output": "out", "seeds": [1, 2], "lrs": [0.1, 0.5, 0.2]}
+
+
+def _starts(sweep_out: Path) -> dict[str, int]:
+    return {str(p.parent.relative_to(sweep_out)): len(p.read_text()) for p in sweep_out.rglob("starts.txt")}
+
+
+def test_cells_run_on_workers_and_a_failed_cell_is_recorded_without_stopping_the_sweep(tmp_path: Path, fake_train: Path) -> None:
+    sweep = load_sweep(write_sweep(tmp_path, BODY), validate=False)
+    log = io.StringIO()
+    summary = run_sweep(sweep, workers=2, progress=Progress(log, bar=False))
+    rows = read_rows(sweep.results)
+    assert len(rows) == 6 and {r["key"] for r in rows} == {c.key for c in sweep.cells}
+    failed = [r for r in rows if r["status"] == "failed"]
+    assert sorted(r["lr"] for r in failed) == [0.5, 0.5] and summary.failed == failed
+    assert "exit code 2" in failed[0]["error"] and "the fake run diverged (lr 0.5)" in failed[0]["error"]
+    ok = next(r for r in rows if r["key"] == "tiny/BasicMotions/seed-2/lr-0.2")
+    assert ok["test"]["accuracy"] == pytest.approx(0.9) and ok["params"] == 800 and ok["epochs_run"] == 1
+    assert ok["command"].startswith("OMP_NUM_THREADS=1 zoo train ") and ok["command"].endswith("--resume --device auto")
+    assert ok["run_dir"] == "tiny/BasicMotions/seed-2/lr-0.2" and (sweep.output / ok["run_dir"] / "spec.yaml").is_file()
+    assert ok["wall_s"] > 0 and ok["epoch_time_s"] == [0.01] and ok["config_hash"] == sweep.cells[-1].config_hash
+    text = log.getvalue()
+    assert "6 cells, 0 finished before, 6 to run (2 local worker(s))" in text
+    assert "[6/6: 4 done, 0 running, 2 failed, ETA" in text and "FAILED: exit code 2" in text
+
+
+def test_a_rerun_skips_finished_cells_and_retries_failed_or_incomplete_ones(tmp_path: Path, fake_train: Path) -> None:
+    sweep = load_sweep(write_sweep(tmp_path, BODY), validate=False)
+    run_sweep(sweep, workers=2, progress=Progress(quiet=True))
+    (sweep.output / "tiny/BasicMotions/seed-1/lr-0.1/seed-1/lr-0.1/result.json").unlink()  # its run is not complete
+    with sweep.results.open("a") as f:
+        f.write('{"key": "tiny/Basic')  # a line cut short by a kill
+    summary = run_sweep(sweep, workers=2, progress=Progress(quiet=True))
+    assert summary.skipped == 3 and sorted(r["key"] for r in summary.rows) == [
+        "tiny/BasicMotions/seed-1/lr-0.1", "tiny/BasicMotions/seed-1/lr-0.5", "tiny/BasicMotions/seed-2/lr-0.5"]
+    starts = _starts(sweep.output)
+    assert starts["tiny/BasicMotions/seed-2/lr-0.2"] == 1 and starts["tiny/BasicMotions/seed-1/lr-0.1"] == 2
+    rows = read_rows(sweep.results)
+    assert len(rows) == 6 + 3 and len(latest(sweep.results)) == 6  # the cut line skipped; the next one on its own line
+    append(sweep.results, {"key": "x"})
+    assert read_rows(sweep.results)[-1] == {"key": "x"}
+
+
+def test_a_finished_cell_with_other_settings_is_an_error_naming_the_way_out(tmp_path: Path, fake_train: Path) -> None:
+    path = write_sweep(tmp_path, {"output": "out", "lrs": [0.1]})
+    run_sweep(load_sweep(path, validate=False), progress=Progress(quiet=True))
+    changed = write_sweep(tmp_path, {"output": "out", "lrs": [0.1], "training": {"epochs": 2}})
+    with pytest.raises(ZooError, match=r"cell tiny/BasicMotions/seed-0/lr-0.1 finished earlier with other settings.*delete its folder"):
+        run_sweep(load_sweep(changed, validate=False), progress=Progress(quiet=True))
+
+
+def test_two_sweeps_cannot_write_one_folder_at_once(tmp_path: Path, fake_train: Path) -> None:
+    sweep = load_sweep(write_sweep(tmp_path, {"output": "out"}), validate=False)
+    with folder_lock(sweep.output), pytest.raises(ZooError, match=r"another zoo sweep \(pid \d+\) is running in"):
+        run_sweep(sweep, progress=Progress(quiet=True))
+    run_sweep(sweep, progress=Progress(quiet=True))  # released
+
+
+def test_the_report_picks_each_seeds_lr_on_validation(tmp_path: Path, fake_train: Path) -> None:
+    body = {"output": "out", "seeds": [1, 2], "lrs": [0.1, 0.2],
+            "axes": {"width": {"8": {}, "16": {"model": {"d_model": 16}}}}}
+    sweep = load_sweep(write_sweep(tmp_path, body), validate=False)
+    run_sweep(sweep, workers=2, progress=Progress(quiet=True))
+    md, pngs = render_report(sweep.results, tmp_path / "report", title="t")
+    text = md.read_text()
+    # lr 0.2 tests higher but validates 0.3 lower: lr 0.1 is picked for both seeds (test 0.7, 0.8)
+    assert "| spec | width | test accuracy (%) | seeds | lr picked | params |" in text
+    assert "| tiny | 8 | 75.00 ± 7.07 | 2 | 0.1 | 800 |" in text.split("| tiny | 16 | 75.00 ± 7.07 | 2 | 0.1 | 1,600 |")[0]
+    if pngs:  # matplotlib installed
+        assert {p.name for p in pngs} == {"BasicMotions-accuracy-vs-wall.png", "BasicMotions-accuracy-vs-width.png"}
+
+
+def test_zoo_sweep_lists_runs_reports_and_exits_1_when_a_cell_failed(tmp_path: Path, fake_train: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_sweep(tmp_path, {"output": "out", "lrs": [0.1, 0.5]})
+    assert zoo(["sweep", str(path), "--list"]) == 0
+    assert "tiny/BasicMotions/seed-0/lr-0.5\tOMP_NUM_THREADS=1 zoo train " in capsys.readouterr().out
+    assert zoo(["sweep", str(path), "--plain", "--only", "*lr-0.1"]) == 0
+    assert "1 cells: 0 finished before, 1 finished now, 0 failed" in capsys.readouterr().out
+    assert zoo(["sweep", str(path), "--plain"]) == 1
+    out = capsys.readouterr().out
+    assert "2 cells: 1 finished before, 0 finished now, 1 failed" in out and "failed: tiny/BasicMotions/seed-0/lr-0.5: exit code 2" in out
+    assert zoo(["sweep", "--report", str(tmp_path / "out")]) == 0
+    assert "## Failed cells" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out/results.jsonl").read_text().splitlines()[0])["status"] == "ok"
+    assert zoo(["sweep", "--report", str(tmp_path / "nowhere.yaml")]) == 2
