@@ -155,7 +155,7 @@ def special_families() -> list[Family]:
 def adaptive_families(models: list[dict[str, Any]] | None = None) -> list[Family]:
     """``depth/adaptive/<pattern>-seed<seed>``: one per trained JapaneseVowels model of
     benchmarks/repro (none trained here: one empty family that says how to train them)."""
-    needs = "python -m benchmarks.repro.run_grid train --suite jv-lru"
+    needs = "zoo sweep benchmarks/repro/sweeps/jv-lru.yaml"
     found = peers.trained_models() if models is None else models
     base = Family("depth/adaptive", "adaptive", "REPORT_DEPTH.md", lambda: [], lengths=(0,),
                   sizes={"B": 0, "H": 64, "N": 64, "eps_milli": 10}, modes=("infer",), memory=False,

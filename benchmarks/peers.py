@@ -11,7 +11,6 @@ Letters: B batch, L length, H channels (d_model), N state size, M = N/2 stored p
 from __future__ import annotations
 
 import functools
-import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from benchmarks.cases import Built, Family, Impl, Sizes, layer_built, op_backends, registry, zoo_layer
-from benchmarks.harness import HERE, ROOT, Call, Row, rel
+from benchmarks.harness import ROOT, Call, Row, rel
 
 
 def _no_grad(f: Callable[[], object]) -> Call:
@@ -595,14 +594,12 @@ def depth_train() -> list[Impl]:
     return [Impl(n, build_for(n), agrees=False) for n in DEPTH_CONFIGS]
 
 
-GRID = HERE / "repro" / "results" / "grid.jsonl"
-
-
 def trained_models(patterns: tuple[str, ...] = ("AAAAAA", "ABABAB")) -> list[Row]:
-    """The trained JapaneseVowels LRU models of benchmarks/repro (blockwise loss, original input)."""
-    if not GRID.is_file():
-        return []
-    rows = [json.loads(ln) for ln in GRID.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    """The trained JapaneseVowels LRU models of benchmarks/repro (blockwise loss, original input):
+    grid.jsonl's and the zoo sweep suites' (benchmarks/repro/sweeps), through run_grid.rows()."""
+    from benchmarks.repro.run_grid import rows as repro_rows
+
+    rows = repro_rows()
     return [r for r in rows if r["dataset"] == "JapaneseVowels" and r["core"] == "lru" and r["pattern"] in patterns
             and r["loss"] == "blockwise" and not r["c"] and (ROOT / r["model_dir"]).is_dir()]
 

@@ -162,7 +162,7 @@ REPORTS: dict[str, ReportSpec] = {s.name: s for s in (
     ReportSpec("REPORT_DEPTH.md", "Depth recurrence: ABCDEF vs AAAAAA training, adaptive vs fixed-depth inference",
                "depth.jsonl",
                (f"{RUN} depth/train --repeats 7 --out benchmarks/results/depth.jsonl",
-                "python -m benchmarks.repro.run_grid train --suite jv-lru  # the trained models adaptive depth reads",
+                "zoo sweep benchmarks/repro/sweeps/jv-lru.yaml  # the trained models adaptive depth reads",
                 f"{RUN} depth/adaptive --repeats 7 --out benchmarks/results/depth.jsonl"),
                peers={"train": ("ABCDEF-final",), "adaptive": ("fixed-6",)},
                sections=((("train",), "Training throughput (one optimiser step)"),

@@ -21,11 +21,12 @@ COLS = [("ABCDEF", "final"), ("AAAAAA", "final"), ("AAAAAA", "blockwise"), ("ABA
         ("ABABAB", "blockwise"), ("ABCABC", "final"), ("ABCABC", "blockwise")]
 SHORT = {"final": "F", "blockwise": "B"}
 CMD = "python -m benchmarks.repro.run_grid"
-COMMANDS = {  # what reproduces each table (this session ran them with --deadline-min; see REPRO.md)
-    "jv-lru": [f"{CMD} train --suite jv-lru"],
-    "ethanol": [f"{CMD} train --suite ethanol-lru-raw ethanol-lru"],
-    "acsf1": [f"{CMD} train --suite acsf1-lru-raw acsf1-lru"],
-    "jv-cores": [f"{CMD} train --suite jv-cores jv-cores-new jv-cores-2026"],
+SWEEP = "zoo sweep benchmarks/repro/sweeps/{}.yaml"  # one sweep file per suite of the former grid
+COMMANDS = {  # what reproduces each table (resumable: a rerun skips finished cells)
+    "jv-lru": [SWEEP.format("jv-lru")],
+    "ethanol": [SWEEP.format(s) for s in ("ethanol-lru-raw", "ethanol-lru")],
+    "acsf1": [SWEEP.format(s) for s in ("acsf1-lru-raw", "acsf1-lru")],
+    "jv-cores": [SWEEP.format(s) for s in ("jv-cores", "jv-cores-new", "jv-cores-2026")],
     "adaptive": [f"{CMD} adaptive --suite jv-lru ethanol-lru acsf1-lru jv-cores jv-cores-2026"],
 }
 
@@ -213,7 +214,9 @@ def claims_counts(g: Grid, exclude: tuple[str, ...] = ("EthanolLevel",)) -> dict
 
 
 def main() -> None:
-    every = [r for r in load(HERE / "results" / "grid.jsonl") if r.get("kind") == "run"]
+    from benchmarks.repro.run_grid import rows as training_rows  # grid.jsonl and the suites' zoo sweep results
+
+    every = training_rows()
     rows = [r for r in every if not r.get("variant")]
     ad = load(HERE / "results" / "adaptive.jsonl")
     g = Grid(rows)

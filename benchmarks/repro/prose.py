@@ -38,9 +38,14 @@ def render(g: Any, ad: list[dict[str, Any]], rows: list[dict[str, Any]], f: dict
          f"({n_runs} training runs) and `benchmarks/repro/results/adaptive.jsonl` ({len(ad)} adaptive evaluations). "
          "Every run went through `zoo_core.train.train`, the code behind `zoo train`; each row of grid.jsonl holds the "
          "equivalent `zoo train` command, and each run folder (`benchmarks/repro/runs/`, not committed: checkpoints) "
-         "holds the exact `spec.yaml` it trained. The runner is resumable: the same command skips finished runs and "
-         "extends the grid (e.g. `--seeds 5678 6789` adds the seed paper's other two seeds).", "",
-         "This session ran, in this order (`--deadline-min` stops launching runs; the next command resumes):", "",
+         "holds the exact `spec.yaml` it trained. The grid now runs on `zoo sweep`: one sweep file per suite in "
+         "`benchmarks/repro/sweeps/` (the same settings as the former runner's suites; `zoo sweep FILE --list` prints "
+         "every cell's `zoo train` command), results in `benchmarks/repro/results/sweeps/<suite>.jsonl`, read beside "
+         "grid.jsonl (a sweep row replaces the grid row of the same run). A sweep is resumable: the same command skips "
+         "finished cells and resumes half-done ones; adding seeds to a file's `seeds:` (e.g. 5678, 6789) extends it.", "",
+         "The session that produced grid.jsonl ran the former runner, in this order (`--deadline-min` stopped "
+         "launching runs; the next command resumed); each `train --suite S` is now `zoo sweep "
+         "benchmarks/repro/sweeps/S.yaml`:", "",
          "```bash", *SESSION, "```", "",
          "## What differs from the seed's setup (read this first)", "",
          "- **Datasets.** None of the seed's datasets (Heartbeat, SCP1, SCP2, MotorImagery, EigenWorms, PPG-DaLiA) "
@@ -65,7 +70,7 @@ def render(g: Any, ad: list[dict[str, Any]], rows: list[dict[str, Any]], f: dict
          "## Batch norm and shared blocks", "",
          "With the `uea` preset (PyTorch `BatchNorm1d`, shared by every position a block runs at: the stack's default "
          "`norms: shared`), shared models train to a low training loss but fail at evaluation:", "",
-         *f["norm_table"](), "", *_cmds(["python -m benchmarks.repro.run_grid train --suite jv-lru-torchbn"]), "",
+         *f["norm_table"](), "", *_cmds(["zoo sweep benchmarks/repro/sweeps/jv-lru-torchbn.yaml"]), "",
          "The reason: one BatchNorm applied at six depth positions keeps one set of running "
          "statistics, an average over six different activation distributions, and eval mode normalises every "
          "position with that average. Equinox's batch norm (`ema_batch`) normalises with the running statistics "

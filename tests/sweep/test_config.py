@@ -33,6 +33,9 @@ def test_defaults_come_from_the_spec_and_paper_names_the_seed_papers_grid(tmp_pa
     assert {c.seed for c in sweep.cells} == set(PAPER_SEEDS) and {c.lr for c in sweep.cells} == set(PAPER_LR_GRID)
     assert {c.dataset for c in sweep.cells} == {"BasicMotions"}  # the spec's training.dataset
     assert sweep.cells[0].spec["training"]["epochs"] == 3 and sweep.output == tmp_path / "out"
+    moved = load_sweep(write_sweep(tmp_path, {"output": "out", "results": "res/r.jsonl"}), output=tmp_path / "trial", validate=False)
+    assert moved.results == tmp_path / "trial/results.jsonl"  # -o moves the results too: a trial never appends to the file's
+    assert load_sweep(write_sweep(tmp_path, {"results": "res/r.jsonl"}), validate=False).results == tmp_path / "res/r.jsonl"
     one = load_sweep(write_sweep(tmp_path / "b", {}), validate=False)
     assert [(c.seed, c.lr) for c in one.cells] == [(0, 1e-3)]  # seed 0, the spec's (default) lr
 

@@ -196,7 +196,10 @@ def _lr_text(lr: float) -> str:
 
 def load_sweep(path: str | os.PathLike[str], *, output: str | os.PathLike[str] | None = None,
                validate: bool = True) -> Sweep:
-    """Read and check ``path``; expand its cells, each spec merged and (``validate``) checked as ``zoo train`` would."""
+    """Read and check ``path``; expand its cells, each spec merged and (``validate``) checked as ``zoo train`` would.
+
+    ``output`` (``zoo sweep -o``) replaces the file's ``output:`` and puts ``results.jsonl`` in it.
+    """
     data, positions = load_yaml_file(path)
     try:
         cfg = SweepFile.model_validate(data)
@@ -205,7 +208,8 @@ def load_sweep(path: str | os.PathLike[str], *, output: str | os.PathLike[str] |
     file = Path(path).resolve()
     here = file.parent
     out = Path(output).resolve() if output is not None else (here / cfg.output if cfg.output else Path("runs/sweeps") / file.stem).resolve()
-    results = (here / cfg.results).resolve() if cfg.results else out / "results.jsonl"
+    # an output given here moves the whole sweep: its results too (a trial run never appends to the file's results)
+    results = (here / cfg.results).resolve() if cfg.results and output is None else out / "results.jsonl"
     bases = {label: _base_spec(label, ref, here, positions) for label, ref in cfg.specs.items()}
     cells = [_cell(cfg, bases, *entry, positions) for entry in _entries(cfg, bases, positions)]
     keys = [c.key for c in cells]
