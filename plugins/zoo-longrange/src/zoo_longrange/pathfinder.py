@@ -25,8 +25,8 @@ into ``size**2`` steps of one channel.
 
 Scale: the original draws at 300 px (paddle 5 px, gap ~6 px, stroke 2 px, marker radius 5, the
 two seeds 27 px apart). At 32 px, with a 14-paddle path that must fit, we use a 1 px paddle, a
-0.8 px gap, a 1 px stroke, marker radius 1, seeds 4.5 px apart, and keep every other paddle at
-least ``clearance`` = 2 px away (centre lines): the dashes of one path (ink gaps <= 0.8 px) are
+0.6 px gap, a 1 px stroke, marker radius 1, seeds 4.5 px apart, and keep every other paddle at
+least ``clearance`` = 2 px away (centre lines): the dashes of one path (ink gaps <= 0.6 px) are
 then always closer than two different paths (ink gaps >= 1 px), which makes "connected" decidable
 from the pixels (the original's clearance equals its gap; at 300 px the pixels resolve both).
 """
@@ -56,7 +56,7 @@ class PathfinderConfig:
     distractor_length: int | None = None  # default contour_length // 3, as the original
     distractor_paddles: int = 16  # paddles spent on distractors: num_distractors = this // distractor_length
     paddle_length: float = 1.0
-    gap: float = 0.8
+    gap: float = 0.6
     thickness: float = 1.0
     continuity: float = 1.8  # the original's: the turn is at most pi / (2 * continuity)
     clearance: float = 2.0  # centre-line distance a paddle keeps from every other one
