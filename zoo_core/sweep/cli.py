@@ -59,7 +59,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
           f"finished now, {len(failed)} failed; results: {sweep.results}")
     for r in failed:
         print(f"  failed: {r['key']}: {(r.get('error') or '').splitlines()[0]} (log: {sweep.output / r['run_dir'] / 'log.txt'})")
-    print(f"tables and plots: zoo sweep --report {args.sweep}")
+    print(f"tables and plots: zoo sweep --report {args.sweep}" + (f" -o {args.output}" if args.output else ""))
     return 1 if failed else 0
 
 
