@@ -69,7 +69,8 @@ def register_cli(sub: Any) -> None:
                        description="Run SWEEP's cells, each a `zoo train` subprocess in its own folder, appending one "
                        "JSON line per cell to results.jsonl. Rerunning skips finished cells and resumes half-done ones.")
     s.add_argument("sweep", help="a sweep YAML (with --report: the YAML or its output folder)")
-    s.add_argument("-o", "--output", help="run folders and results.jsonl (default: the file's output: and results:, else runs/sweeps/<name>)")
+    s.add_argument("-o", "--output",
+                   help="run folders and results.jsonl (default: the file's output: and results:, else runs/sweeps/<name>)")
     s.add_argument("--workers", type=_positive, help="cells at once (default: CPUs / the cells' num_cpus)")
     s.add_argument("--ray", metavar="ADDRESS", help="one Ray task per cell: 'auto' starts a local cluster "
                    "(--workers × num_cpus CPUs), or a running cluster's address (needs zoo-core[sweep-ray])")
