@@ -35,7 +35,7 @@ from ..packing import Segments
 from .adaptive import AdaptiveConfig, AdaptiveResult, run_adaptive, stop_depths
 from .adaptive import prediction as read_prediction
 from .model_state import AdaptiveStream, ModelState
-from .pools import Pool, PoolState
+from .pools import Pool, PoolState, RunningPool
 from .reshape import InputReshaper, ReshapeState
 from .stack import Stack
 
@@ -228,7 +228,7 @@ class SequenceModel(nn.Module):
         h, layers = self.stack.forward_with_state(z, segments=seg)  # per-document states
         d = self.stack.depth
         pools: dict[int, PoolState] = {}
-        if not self.pool.per_step:
+        if isinstance(self.pool, RunningPool):  # a pooled task: each document's running readout
             pools[d] = self.pool.commit_documents(seg.unpack(self.final_norm(h)), seg.doc_len, self.head)
         return self.readout_packed(h, seg), ModelState(seg.doc_len.clone(), layers, pools)
 
