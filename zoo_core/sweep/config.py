@@ -71,7 +71,7 @@ class SpecRef(_Strict):
 
 class Resources(_Strict):
     num_cpus: float = Field(1, gt=0, le=1024, description="CPU threads per cell (OMP_NUM_THREADS) and Ray's num_cpus")
-    num_gpus: float = Field(0, ge=0, le=64, description="GPUs per cell (Ray's num_gpus; locally: one cell per GPU)")
+    num_gpus: float = Field(0, ge=0, le=64, description="GPUs per cell: Ray's num_gpus (local workers share the GPUs: set --workers)")
 
 
 class CellEntry(_Strict):
