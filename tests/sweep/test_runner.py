@@ -33,7 +33,8 @@ def test_cells_run_on_workers_and_a_failed_cell_is_recorded_without_stopping_the
     assert len(rows) == 6 and {r["key"] for r in rows} == {c.key for c in sweep.cells}
     failed = [r for r in rows if r["status"] == "failed"]
     assert sorted(r["lr"] for r in failed) == [0.5, 0.5] and summary.failed == failed
-    assert "exit code 2" in failed[0]["error"] and "the fake run diverged (lr 0.5)" in failed[0]["error"]
+    assert failed[0]["error"].splitlines()[0] == "exit code 2: zoo train: error: the fake run diverged (lr 0.5)"
+    assert "Traceback" in failed[0]["error"] and "log.txt" in failed[0]["error"]  # the log's tail, and where the rest is
     ok = next(r for r in rows if r["key"] == "tiny/BasicMotions/seed-2/lr-0.2")
     assert ok["test"]["accuracy"] == pytest.approx(0.9) and ok["params"] == 800 and ok["epochs_run"] == 1
     assert ok["command"].startswith("OMP_NUM_THREADS=1 zoo train ") and ok["command"].endswith("--resume --device auto")

@@ -123,8 +123,10 @@ def _error(log: Path, rc: int) -> str:
     lines = [ln for ln in (log.read_text(encoding="utf-8", errors="replace").splitlines() if log.is_file() else []) if ln.strip()]
     if rc == 0:
         why = "zoo train exited 0 but left no metrics.json / result.json"
-    tail = "\n".join(lines[-ERROR_LINES:])
-    return f"{why}; the end of {log}:\n{tail}" if tail else why
+    if not lines:
+        return why
+    # first line: why and the log's last line (zoo train's one-line error, or a traceback's exception)
+    return f"{why}: {lines[-1].strip()}\nthe end of {log}:\n" + "\n".join(lines[-ERROR_LINES:])
 
 
 def _die_with_parent() -> Callable[[], None] | None:
