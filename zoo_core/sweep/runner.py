@@ -159,6 +159,9 @@ def run_sweep(sweep: Sweep, *, workers: int | None = None, ray: str | None = Non
                 run_on_ray(sweep, todo, ray, workers, record, prog.started)
             else:
                 _run_local(sweep, todo, slots, record, prog.started)
+        except KeyboardInterrupt:
+            raise SweepInterrupted(f"interrupted after {len(summary.rows)} of {len(todo)} cells; run the same command "
+                                   "again to continue (finished cells are skipped, half-done ones resume)") from None
         finally:
             prog.close()
     return summary
@@ -186,9 +189,8 @@ def _run_local(sweep: Sweep, todo: list[Cell], slots: int, record: Record, start
                 fh.close()
                 record(cell, pay, collect(pay, proc.returncode, time.perf_counter() - t0))
     except KeyboardInterrupt:
-        _stop(running)
-        raise SweepInterrupted(f"interrupted with {len(running)} cell(s) running and {len(queue)} waiting; run the same "
-                               "command again to continue (finished cells are skipped, half-done ones resume)") from None
+        _stop(running)  # then the sweep reports the interruption
+        raise
 
 
 def _stop(running: dict[subprocess.Popen[bytes], tuple[Cell, Payload, Any, float]]) -> None:
