@@ -58,8 +58,9 @@ def cached(name: str, version: int, params: dict[str, Any], make: Callable[[], d
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+        savez: Callable[..., None] = np.savez  # its stub reads **arrays as its allow_pickle flag
         with os.fdopen(fd, "wb") as out:
-            np.savez(out, **arrays)
+            savez(out, **arrays)
         os.replace(tmp, path)
     except OSError as exc:
         if tmp is not None:
