@@ -17,7 +17,8 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable
+import zipfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,23 +43,26 @@ def key(name: str, version: int, params: dict[str, Any]) -> str:
     return f"{name}-{hashlib.sha256(blob.encode()).hexdigest()[:20]}"
 
 
-def cached(name: str, version: int, params: dict[str, Any], make: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """``make()``'s arrays, read from the cache when an earlier call stored them."""
+def cached(name: str, version: int, params: dict[str, Any], make: Callable[[], dict[str, np.ndarray]],
+           want: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    """``make()``'s arrays (only those named in ``want``, when given), read from the cache when an
+    earlier call stored them."""
     if not enabled():
         return make()
     path = cache_dir() / f"{key(name, version, params)}.npz"
     if path.is_file():
         try:
             with np.load(path, allow_pickle=False) as f:
-                return {k: f[k] for k in f.files}
-        except (OSError, ValueError) as exc:  # a truncated or foreign file: regenerate over it
+                return {k: f[k] for k in (want or f.files)}
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:  # a truncated or foreign file: regenerate over it
             log.warning("zoo-longrange: ignoring the unreadable cache file %s (%s); generating again", path, exc)
     arrays = make()
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
-        savez: Callable[..., None] = np.savez  # its stub reads **arrays as its allow_pickle flag
+        # compressed: a padded token set is mostly zeros (ListOps-LRA's train X is 1.5 GB as int64)
+        savez: Callable[..., None] = np.savez_compressed  # its stub reads **arrays as its allow_pickle flag
         with os.fdopen(fd, "wb") as out:
             savez(out, **arrays)
         os.replace(tmp, path)

@@ -125,7 +125,7 @@ def decode(ids: Sequence[int]) -> list[str]:
     return [VOCAB[i] for i in ids if i != 0]
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=2)
 def generate(seed: int, sizes: tuple[int, ...], min_length: int, max_length: int, max_depth: int,
              max_args: int) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
     """Every split at once, distinct trees across all of them (as LRA), deterministic from ``seed``.
@@ -177,5 +177,5 @@ def load(split: str, *, sizes: dict[str, int], seed: int = 0, min_length: int = 
 
     params = {"seed": seed, "sizes": counts, "min_length": min_length, "max_length": max_length,
               "max_depth": max_depth, "max_args": max_args}
-    arrays = cached("listops", VERSION, params, make)
+    arrays = cached("listops", VERSION, params, make, want=[f"{split}_{k}" for k in "XyL"])
     return SplitData(arrays[f"{split}_X"], arrays[f"{split}_y"], arrays[f"{split}_L"])
