@@ -54,6 +54,7 @@ def test_an_explicit_cell_list(tmp_path: Path) -> None:
     ({"training": {"epoch": 2}}, "unknown training key 'epoch'; did you mean 'epochs'"),
     ({"training": {"lr": 0.1}}, "'lr' is a sweep axis, not a training override: use the sweep's lrs: list"),
     ({"lrs": [0]}, "lrs must be a non-empty list of learning rates in (0, 10]"),
+    ({"axes": {"L": {"64": {"training": {"dataset": "X"}}}}}, "'dataset' is a sweep axis, not a training override"),
     ({"seeds": [1, 1]}, "seeds must be a non-empty list of distinct"),
     ({"axes": {"w": {"a/b": {}}}}, "axis 'w' label 'a/b' must be letters, digits"),
     ({"resources": {"num_cpu": 2}}, "resources.num_cpu: unknown key 'num_cpu'; did you mean 'num_cpus'"),

@@ -112,14 +112,23 @@ class SweepFile(_Strict):
             _label(axis, "axis name")
             if not labels:
                 raise ValueError(f"axis {axis!r} has no labels; give at least one (label: patch)")
-            for lab in labels:
+            for lab, patch in labels.items():
                 _label(lab, f"axis {axis!r} label")
+                _training_keys(patch.get("training") or {})  # a cell's dataset, seed and lr are never patched away
         return v
 
     @field_validator("training")
     @classmethod
     def _training(cls, v: dict[str, Any]) -> dict[str, Any]:
         return _training_keys(v)
+
+    @field_validator("specs")
+    @classmethod
+    def _spec_patches(cls, v: dict[str, str | SpecRef]) -> dict[str, str | SpecRef]:
+        for ref in v.values():
+            if isinstance(ref, SpecRef):
+                _training_keys(ref.patch.get("training") or {})
+        return v
 
     @field_validator("seeds")
     @classmethod
