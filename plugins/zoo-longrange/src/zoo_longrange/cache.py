@@ -12,13 +12,14 @@ regeneration (logged once).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import tempfile
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,17 +47,54 @@ def key(name: str, version: int, params: dict[str, Any]) -> str:
 def cached(name: str, version: int, params: dict[str, Any], make: Callable[[], dict[str, np.ndarray]],
            want: Sequence[str] | None = None) -> dict[str, np.ndarray]:
     """``make()``'s arrays (only those named in ``want``, when given), read from the cache when an
-    earlier call stored them."""
+    earlier call stored them. Processes asking for the same key at once (a sweep's workers) wait for
+    the first one's file instead of each generating it (an exclusive lock beside the file)."""
     if not enabled():
         return make()
     path = cache_dir() / f"{key(name, version, params)}.npz"
-    if path.is_file():
+    found = _read(path, want)
+    if found is not None:
+        return found
+    with _locked(path.with_suffix(".lock")):
+        found = _read(path, want)  # written while this process waited for the lock
+        if found is not None:
+            return found
+        arrays = make()
+        _write(path, arrays)
+    return arrays
+
+
+def _read(path: Path, want: Sequence[str] | None) -> dict[str, np.ndarray] | None:
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return {k: f[k] for k in (want or f.files)}
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:  # a truncated or foreign file: regenerate over it
+        log.warning("zoo-longrange: ignoring the unreadable cache file %s (%s); generating again", path, exc)
+        return None
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (POSIX); without fcntl or a writable folder, no lock."""
+    try:
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")  # held (and closed) below, for as long as the lock
+    except (ImportError, OSError):
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            with np.load(path, allow_pickle=False) as f:
-                return {k: f[k] for k in (want or f.files)}
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:  # a truncated or foreign file: regenerate over it
-            log.warning("zoo-longrange: ignoring the unreadable cache file %s (%s); generating again", path, exc)
-    arrays = make()
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _write(path: Path, arrays: dict[str, np.ndarray]) -> None:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -73,4 +111,3 @@ def cached(name: str, version: int, params: dict[str, Any], make: Callable[[], d
             _warned.add(str(path.parent))
             log.warning("zoo-longrange: cannot write the generated-data cache in %s (%s); every process will generate "
                         "the data again (set ZOO_DATA_DIR to a writable folder)", path.parent, exc)
-    return arrays
