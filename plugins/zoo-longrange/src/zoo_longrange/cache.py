@@ -4,8 +4,9 @@ a sweep, each seed of a run) reads them instead of generating them again (Pathfi
 about 75 ms an image on one CPU core).
 
 The key is a hash of the generator's name, its version and every parameter, so a change to any of
-them generates afresh. Files are ``.npz`` read with ``allow_pickle=False``; they are written to a
-temporary name and renamed, so concurrent writers of the same key leave one whole file.
+them generates afresh. Files are compressed ``.npz`` read with ``allow_pickle=False``, written to a
+temporary name and renamed (a killed writer leaves no half file under the key); processes that ask
+for a key at once wait on a lock beside it while the first one generates.
 ``ZOO_LONGRANGE_CACHE=0`` turns the cache off; a folder that cannot be written only costs the
 regeneration (logged once).
 """
