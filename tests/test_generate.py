@@ -208,7 +208,7 @@ def test_right_padded_prompts_generate_as_each_prompt_alone(name):
     padded[1, 4:] = 7
     padded[2, 1:] = 0
     if any(c.hparams.grows_state() for c in model.cores()):  # a KV cache per prompt has the prompt's length
-        with pytest.raises(ValueError, match="cannot batch these documents' final states"):
+        with pytest.raises(SpecError, match="call generate once per group of equal-length prompts"):
             generate(model, padded, 6, prompt_lengths=lengths, eos_token_id=None)
         return
     out = generate(model, padded, 6, prompt_lengths=lengths, eos_token_id=None)
@@ -218,6 +218,20 @@ def test_right_padded_prompts_generate_as_each_prompt_alone(name):
         assert torch.equal(out[b, 9:], alone[0, n:]), (b, out[b], alone)
     with pytest.raises(SpecError, match="prompt_lengths must lie in"):
         generate(model, padded, 2, prompt_lengths=torch.tensor([9, 0, 1]))
+
+
+def test_generation_builds_no_autograd_graph():
+    model = _model("mamba")
+    seen = []
+    step = model.step
+
+    def spy(*a, **k):
+        seen.append(torch.is_grad_enabled())
+        return step(*a, **k)
+
+    model.step = spy
+    out = generate(model, _prompt(2, 4), 3, eos_token_id=None)
+    assert seen and not any(seen) and not out.requires_grad
 
 
 def test_a_packed_prefill_gives_each_document_its_own_state():

@@ -93,7 +93,6 @@ def _choose(logits: Tensor, do_sample: bool, temperature: float, top_k: int | No
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
-@torch.no_grad()
 def _check_prompt_lengths(lengths: Tensor, input_ids: Tensor) -> Tensor:
     B, L = input_ids.shape
     if not isinstance(lengths, Tensor) or lengths.shape != (B,) or lengths.dtype not in (torch.int32, torch.int64):
@@ -103,6 +102,7 @@ def _check_prompt_lengths(lengths: Tensor, input_ids: Tensor) -> Tensor:
     return lengths.long().to(input_ids.device)
 
 
+@torch.no_grad()
 def generate(
     model: Any,
     input_ids: Tensor,
@@ -162,6 +162,12 @@ def generate(
         else:
             lengths = _check_prompt_lengths(prompt_lengths, input_ids)
             seg = Segments.from_lengths(lengths, input_ids.shape[1])
+            growing = sorted({type(c).__name__ for c in model.cores() if (hp := getattr(c, "hparams", None)) is not None
+                              and hp.grows_state()})
+            if growing and len(set(lengths.tolist())) > 1:
+                raise SpecError(f"{', '.join(growing)} keeps a KV cache as long as its prompt, so prompts of unequal "
+                                "lengths cannot share one batched state; call generate once per group of equal-length "
+                                "prompts (or give the attention a window)")
             logits, state = model.forward_with_state(input_ids, seq_idx=seg.seq_idx)  # one state per prompt
             next_logits = logits[torch.arange(len(lengths), device=logits.device), lengths - 1]
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)

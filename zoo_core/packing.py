@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -137,7 +138,7 @@ class Segments:
         """(B, L) bool: steps that belong to a document."""
         return self.doc_id >= 0
 
-    @property
+    @cached_property  # one host sync per layout, not one per layer that asks
     def padded_only(self) -> bool:
         """Every row holds at most one document, from its first step (a right-padded batch): a causal
         core needs no packing then — end padding never reaches a valid step."""
@@ -148,7 +149,7 @@ class Segments:
         """(N,) each document's last step."""
         return self.doc_start + self.doc_len - 1
 
-    @property
+    @cached_property
     def max_len(self) -> int:
         return int(self.doc_len.max()) if self.num_docs else 0
 

@@ -166,3 +166,18 @@ def test_token_classification_trains_on_token_input(tmp_path, synth_registry):
     bad = {**spec, "input": {"channels": 1}}
     with pytest.raises(SpecError, match="input.vocab_size is None but 'SynthTokens' uses 6 tokens"):
         train(bad, output=tmp_path / "bad", registry=synth_registry, progress=QUIET)
+
+
+def test_unequal_length_batches_cut_token_targets_not_regression_targets():
+    """_batch cuts an lm's per-step targets with the inputs, never a regression's (n, O), even when O = T."""
+    import torch
+
+    from zoo_core.train.loop import _batch
+
+    lengths = torch.tensor([3, 2, 5])
+    reg = {"X": torch.zeros(3, 5, 2), "y": torch.randn(3, 5), "lengths": lengths}
+    x, y, _ = _batch(reg, torch.tensor([0, 1]))
+    assert x.shape == (2, 3, 2) and y.shape == (2, 5)
+    lm = {"X": torch.zeros(3, 5, dtype=torch.long), "y": torch.zeros(3, 5, dtype=torch.long), "lengths": lengths}
+    x, y, _ = _batch(lm, torch.tensor([0, 1]))
+    assert x.shape == (2, 3) and y.shape == (2, 3)

@@ -147,8 +147,9 @@ def run_adaptive(model: SequenceModel, x: Tensor, lengths: Tensor | None, cfg: A
         out: Tensor | None = None
         depth = torch.full((B,), cfg.max_depth or 0, dtype=torch.long, device=h.device)
         charge(active)
+        layout = model.padding_layout(n, h.shape[1])  # non-causal parts must not see padding (None: nothing to do)
         for pos in range(cfg.max_depth or 0):
-            h = model.stack.run_position(pos, h, model.padding_layout(n, h.shape[1]))  # (non-causal parts: no padding)
+            h = model.stack.run_position(pos, h, layout)
             if pos + 1 not in checkpoints:
                 charge(active)
                 continue
@@ -168,6 +169,8 @@ def run_adaptive(model: SequenceModel, x: Tensor, lengths: Tensor | None, cfg: A
             keep = ~stop
             active, h, p_prev = active[keep], h[keep], p[keep]
             n = None if n is None else n[keep]
+            if layout is not None:
+                layout = model.padding_layout(n, h.shape[1])  # the samples still running
             if not len(active):
                 break
     assert out is not None

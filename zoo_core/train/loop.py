@@ -103,7 +103,8 @@ def _batch(data: dict[str, Tensor], idx: Tensor) -> tuple[Tensor, Tensor, Tensor
         return x, y, None
     lengths = lengths[idx]
     longest = int(lengths.max())
-    return x[:, :longest], (y[:, :longest] if y.dim() == 2 and y.shape[1] == x.shape[1] else y), lengths
+    per_step = y.dim() >= 2 and not y.is_floating_point()  # lm token targets (n, T); not regression's (n, O)
+    return x[:, :longest], (y[:, :longest] if per_step else y), lengths
 
 
 def to_tensors(split: SplitData, device: torch.device) -> dict[str, Tensor]:

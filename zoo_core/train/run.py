@@ -77,6 +77,10 @@ def check_model_fits(spec: Spec, cfg: TrainingSpec, dataset: Dataset) -> None:
                             "sequences' boundaries); leave one of them off")
         if not dataset.info.unequal_length:
             log.info("training.pack: %s has sequences of equal length, so there is no padding to save", dataset.info.name)
+        elif env.model.block.norm in ("batch", "ema_batch"):
+            log.warning("training.pack with block.norm %s: its batch statistics are taken over every step of a batch, "
+                        "padding included, and packing changes how much padding there is — so packed training is not "
+                        "the padded training (with a per-step norm, layer or rms, it is)", env.model.block.norm)
     if not dataset.info.unequal_length:
         return
     norms = spec.envelope.model.block.norm
