@@ -108,8 +108,6 @@ class SequenceModel(nn.Module):
     def embed(self, x: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Raw input (B, T, D) or tokens (B, T) → encoder output (B, L, H) and model-step lengths."""
         lengths = _check_lengths(lengths, x.shape[0], x.shape[1])
-        if lengths is not None:  # padding holds zeros from here on, whatever it held (even NaN or inf)
-            x = _zero_outside(x, torch.arange(x.shape[1], device=x.device) < lengths.to(x.device)[:, None])
         x = self._with_time(x)
         if self.reshaper is not None:
             x, lengths = self.reshaper(x, lengths)  # (B, L, c)
@@ -135,7 +133,9 @@ class SequenceModel(nn.Module):
                              "document boundaries; pack without input.reshape, or pass padded batches with lengths")
         seg = Segments.from_seq_idx(seq_idx.to(x.device))
         seg.check(x)
-        x = _zero_outside(x, seg.valid)  # padding holds zeros, whatever it held
+        if not bool(seg.valid.all()):  # packed padding holds zeros, whatever it held (even NaN)
+            x = x.clone()
+            x[seg.doc_id < 0] = 0
         return self.encoder(self._with_time(x, positions=seg.position)), seg
 
     def readout_packed(self, h: Tensor, seg: Segments) -> Tensor:
@@ -324,12 +324,6 @@ class SequenceModel(nn.Module):
     def cores(self) -> list[CoreBase]:
         """The distinct cores, in block order."""
         return [self.stack.block(i).core for i in range(len(self.stack.blocks))]
-
-
-def _zero_outside(x: Tensor, valid: Tensor) -> Tensor:
-    """x (B, T) tokens or (B, T, D) features with every step outside ``valid`` (B, T) set to 0."""
-    keep = valid.reshape(*valid.shape, *([1] * (x.dim() - 2)))
-    return torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def _kept(pools: dict[int, PoolState | None]) -> dict[int, PoolState]:

@@ -9,9 +9,9 @@ at the best validation point.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 PAPER_SEEDS = (2345, 3456, 4567, 5678, 6789)
 PAPER_LR_GRID = (1e-3, 1e-4, 1e-5)
@@ -75,6 +75,15 @@ class TrainingSpec(BaseModel):
             if len(set(v)) != len(v) or min(v) < 0:
                 raise ValueError("seeds must be distinct non-negative integers")
         return v
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``pack`` is written only when on: a run, a fingerprint or a saved model's spec from before the
+        option existed reads exactly as it did (``--resume`` keeps working, pinned configs stay equal)."""
+        out: dict[str, Any] = handler(self)
+        if not self.pack:
+            out.pop("pack", None)
+        return out
 
     def lr_grid(self) -> list[float]:
         return list(self.lr) if isinstance(self.lr, list) else [self.lr]

@@ -264,13 +264,28 @@ class GrowingState(ToyDiag):
         return y, {**s, "seen": torch.cat([state["seen"], x_t[:, None]], 1)}
 
 
+class PackingToyParams(ToyParams):
+    capabilities: ClassVar[frozenset[str]] = ToyParams.capabilities | {"packing"}
+
+
+class LeaksAcrossDocuments(ToyDiag, params=PackingToyParams):
+    """Breaks packed batches: claims a native packed path but runs each row whole, so every document
+    starts from the state the one before it left (no reset at document starts)."""
+
+    def forward_packed(self, x: Tensor, segments: Any, *, with_states: bool = True) -> tuple[Tensor, State | None]:
+        y, state = self.forward_with_state(x)  # the whole row, as if one sequence
+        return y, ({"h": state["h"][segments.doc_row]} if with_states else None)
+
+
 BROKEN["half_precision"] = AcceptsHalf
 BROKEN["state_size"] = GrowingState
 BROKEN["backendless"] = NeedsBackend
+BROKEN["packing"] = LeaksAcrossDocuments
 
 
 @hookimpl
 def zoo_register_cores(register: RegisterCore) -> None:
     register("toy-diag", "zoo_core.testing.toys:ToyDiag", params=ToyParams, presets={"tiny": {"d_state": 3}})
     for check, cls in BROKEN.items():  # capabilities from ToyParams: WrongCapabilities's class disagrees
-        register(f"toy-broken-{check.replace('_', '-')}", cls, params=ToyParams, presets={"tiny": {"d_state": 3}})
+        params = PackingToyParams if cls is LeaksAcrossDocuments else ToyParams
+        register(f"toy-broken-{check.replace('_', '-')}", cls, params=params, presets={"tiny": {"d_state": 3}})
