@@ -214,6 +214,20 @@ class Segments:
         return keep.reshape(*self.shape, *([1] * (like.dim() - 2)))
 
 
+def check_step_mask(mask: Tensor | None, shape: tuple[int, ...], *, name: str, who: str) -> Tensor | None:
+    """Refuse a per-step mask of a packed layout — ``reset``/``starts`` (each document's first step) or
+    ``ends`` (each document's last step) — that is not a bool (B, L) tensor of the input's batch and
+    length; the one message every op taking such a mask gives. Returns the mask (None passes)."""
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != tuple(shape):
+        got = f"{tuple(mask.shape)} {mask.dtype}" if isinstance(mask, Tensor) else type(mask).__name__
+        marks = "each document's last step" if name == "ends" else "each document's first step (segments.starts)"
+        raise ValueError(f"{who}: {name} must be a bool (B, L) mask of shape {tuple(shape)} marking {marks}, got {got}; "
+                         "build it from zoo_core.packing.Segments")
+    return mask
+
+
 def stack_states(parts: list[tuple[Tensor, State]], n: int, who: str) -> State:
     """Per-document states from groups: ``parts`` holds (document indices, their states, batch first)."""
     if not parts:

@@ -93,7 +93,7 @@ def test_no_reset_and_all_false_unchanged(scan):
 @pytest.mark.parametrize("scan", [scan_naive, scan_parallel, scan_chunked], ids=["naive", "parallel", "chunked"])
 def test_reset_refused_when_not_a_bool_mask(scan):
     b = torch.randn(2, 5, 3)
-    with pytest.raises(ValueError, match="reset must be a bool tensor"):
+    with pytest.raises(ValueError, match="reset must be a bool"):
         scan(torch.rand(1, 1, 3), b, reset=torch.zeros(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="segments.starts"):
         scan(torch.rand(1, 1, 3), b, reset=torch.zeros(2, 5))

@@ -83,7 +83,7 @@ def test_no_reset_and_the_last_step_marked_is_the_plain_run(backend):
 
 def test_bad_marks_are_refused_naming_the_shape():
     x = inputs(1, 6, 1, 2, 2)
-    with pytest.raises(ValueError, match=r"reset must be a bool \(B, L\) = \(1, 6\)"):
+    with pytest.raises(ValueError, match=r"reset must be a bool \(B, L\) mask of shape \(1, 6\)"):
         gated_delta_chunked(*(x[n] for n in NAMES), reset=torch.zeros(1, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match="ends must be a bool"):
         gated_delta_sequential(*(x[n] for n in NAMES), ends=torch.zeros(1, 6))

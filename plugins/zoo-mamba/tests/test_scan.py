@@ -335,8 +335,8 @@ def test_resets_keep_gradients_finite_at_extreme_steps():
         assert all(bool(torch.isfinite(v).all()) for v in out.values()), fn.__name__
 
 
-@pytest.mark.parametrize("kw,match", [({"starts": torch.zeros(2, 37, dtype=torch.long)}, "starts must be a bool mask"),
-                                      ({"ends": torch.zeros(2, 36, dtype=torch.bool)}, "ends must be a bool mask")])
+@pytest.mark.parametrize("kw,match", [({"starts": torch.zeros(2, 37, dtype=torch.long)}, "starts must be a bool \\(B, L\\) mask"),
+                                      ({"ends": torch.zeros(2, 36, dtype=torch.bool)}, "ends must be a bool \\(B, L\\) mask")])
 def test_bad_masks_are_refused(kw, match):
     args = {k: (v.detach() if v is not None else None) for k, v in make().items()}
     for fn in (S.selective_scan_naive, S.selective_scan_chunked, S.selective_scan_cuda):

@@ -169,20 +169,9 @@ def test_packed_runs_natively_not_document_by_document(backend, monkeypatch):
 def test_right_padded_prefill_keeps_each_sample_state_whatever_the_padding_holds(backend):
     """transformers issue 48256: Δ not masked on right padding corrupted the carried state. Here the
     padding holds values of 1e4, and each sample's final state is still its own."""
-    from zoo_core.packing import Segments, run_packed
+    from zoo_core.testing.packed import assert_padded_prefill
 
-    core = _packed_core(backend, dtype=torch.float32)
-    lengths = torch.tensor([11, 3, 1, 16])
-    x = torch.randn(4, 16, 6)
-    pad = torch.arange(16)[None] >= lengths[:, None]
-    x = torch.where(pad[..., None], torch.randn(4, 16, 6) * 1e4, x)
-    y, states = run_packed(core, x, Segments.from_lengths(lengths, 16), with_states=True)
-    assert torch.isfinite(y).all()
-    for b, n in enumerate(lengths.tolist()):
-        y1, s1 = core.forward_with_state(x[b: b + 1, :n])
-        torch.testing.assert_close(y[b, :n], y1[0], rtol=1e-5, atol=1e-5)
-        for k in ("conv", "ssm"):
-            torch.testing.assert_close(states[k][b], s1[k][0], rtol=1e-5, atol=1e-5)
+    assert_padded_prefill(_packed_core(backend, dtype=torch.float32), 6, lengths=(11, 3, 1, 16), L=16, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", ["chunked", "sequential"])

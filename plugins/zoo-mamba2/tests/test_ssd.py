@@ -164,7 +164,7 @@ def test_bad_marks_are_refused_naming_the_shape():
     ins = _inputs(1, 6, 2, 3, 1, 4, seed=2, h0=False)
     args = [ins[k] for k in ("x", "dt", "A", "B", "C")]
     for fn in (ssd_chunked, ssd_sequential):
-        with pytest.raises(ValueError, match=r"reset must be a bool \(Bt, L\) = \(1, 6\) mask"):
+        with pytest.raises(ValueError, match=r"reset must be a bool \(B, L\) mask of shape \(1, 6\)"):
             fn(*args, 4, reset=torch.zeros(1, 6))
-        with pytest.raises(ValueError, match=r"ends must be a bool \(Bt, L\) = \(1, 6\) mask"):
+        with pytest.raises(ValueError, match=r"ends must be a bool \(B, L\) mask of shape \(1, 6\)"):
             fn(*args, 4, ends=torch.zeros(1, 5, dtype=torch.bool))

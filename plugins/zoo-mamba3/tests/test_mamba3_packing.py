@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from zoo_core.packing import Segments, by_documents, run_packed
+from zoo_core.testing.packed import assert_padded_prefill
 from zoo_mamba3.core import Mamba3
 from zoo_mamba3.scan import trap_scan_chunked, trap_scan_sequential
 
@@ -115,9 +116,9 @@ def test_resets_keep_float32_gradients_finite_under_strong_decay():
 def test_bad_marks_are_refused_naming_the_shape(name):
     ins = _inputs(1, 6, seed=2)
     args = [ins[k] for k in ("x", "dt", "A", "B", "C", "lam")]
-    with pytest.raises(ValueError, match=r"reset must be a bool \(Bt, L\) = \(1, 6\) mask"):
+    with pytest.raises(ValueError, match=r"reset must be a bool \(B, L\) mask of shape \(1, 6\)"):
         SCANS[name](*args, reset=torch.zeros(1, 6))
-    with pytest.raises(ValueError, match=r"ends must be a bool \(Bt, L\) = \(1, 6\) mask"):
+    with pytest.raises(ValueError, match=r"ends must be a bool \(B, L\) mask of shape \(1, 6\)"):
         SCANS[name](*args, ends=torch.zeros(1, 5, dtype=torch.bool))
 
 
@@ -146,18 +147,7 @@ def test_packed_runs_natively_not_document_by_document(backend, monkeypatch):
 def test_right_padded_prefill_keeps_each_sample_state_whatever_the_padding_holds(backend):
     """transformers issue 48256: Δ not masked on right padding corrupted the carried state. Here the
     padding holds values of 1e4, and each sample's final state (all four parts) is still its own."""
-    core = _core(backend, dtype=torch.float32)
-    lengths = torch.tensor([11, 3, 1, 16])
-    x = torch.randn(4, 16, 6)
-    pad = torch.arange(16)[None] >= lengths[:, None]
-    x = torch.where(pad[..., None], torch.randn(4, 16, 6) * 1e4, x)
-    y, states = run_packed(core, x, Segments.from_lengths(lengths, 16), with_states=True)
-    assert torch.isfinite(y).all()
-    for b, n in enumerate(lengths.tolist()):
-        y1, s1 = core.forward_with_state(x[b: b + 1, :n])
-        torch.testing.assert_close(y[b, :n], y1[0], rtol=1e-5, atol=1e-5)
-        for k in s1:
-            torch.testing.assert_close(states[k][b], s1[k][0], rtol=1e-5, atol=1e-5)
+    assert_padded_prefill(_core(backend, dtype=torch.float32), 6, lengths=(11, 3, 1, 16), L=16, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", list(SCANS))

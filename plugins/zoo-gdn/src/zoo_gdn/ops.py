@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from zoo_core.packing import check_step_mask
+
 
 def _compute_dtype(*xs: Tensor) -> torch.dtype:
     dtype = torch.float32
@@ -42,9 +44,7 @@ def gated_delta_step(q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor, g_t:
 
 def _check_marks(q: Tensor, reset: Tensor | None, ends: Tensor | None) -> None:
     for name, m in (("reset", reset), ("ends", ends)):
-        if m is not None and (m.dtype != torch.bool or tuple(m.shape) != tuple(q.shape[:2])):
-            raise ValueError(f"gated delta rule: {name} must be a bool (B, L) = {tuple(q.shape[:2])} mask marking steps, "
-                             f"got {m.dtype} {tuple(m.shape)}; build it from zoo_core.packing.Segments (starts, doc_end)")
+        check_step_mask(m, tuple(q.shape[:2]), name=name, who="gated delta rule")
 
 
 def _marked_rows(ends: Tensor) -> tuple[Tensor, Tensor]:

@@ -37,6 +37,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from zoo_core.packing import check_step_mask
+
 CHUNK = 64  # T: steps per chunk; the (T, Bt, Di, N) buffers stay small while the per-chunk ops amortise
 
 
@@ -62,10 +64,7 @@ def _check(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor 
     if h0 is not None and tuple(h0.shape) != (bt, di, n):
         raise ValueError(f"h0 must be (Bt, Di, N) = {(bt, di, n)}; got {tuple(h0.shape)}")
     for name, mask in (("starts", starts), ("ends", ends)):
-        if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (bt, L)):
-            raise ValueError(f"{name} must be a bool mask (Bt, L) = {(bt, L)} of the steps where a document "
-                             f"{'starts' if name == 'starts' else 'ends'}; got {tuple(mask.shape)} {mask.dtype} "
-                             "(build it with zoo_core.packing.Segments)")
+        check_step_mask(mask, (bt, L), name=name, who="selective scan")
 
 
 def _keep(starts: Tensor | None, ct: torch.dtype) -> Tensor | None:

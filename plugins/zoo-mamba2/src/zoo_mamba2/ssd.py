@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from zoo_core.packing import check_step_mask
+
 
 class SSDOp(Protocol):
     """The signature both backends share (registered under op ``scan`` for structure ``ssd``)."""
@@ -41,9 +43,7 @@ class SSDOp(Protocol):
 
 def _check_marks(x: Tensor, reset: Tensor | None, ends: Tensor | None) -> None:
     for name, m in (("reset", reset), ("ends", ends)):
-        if m is not None and (m.dtype != torch.bool or tuple(m.shape) != tuple(x.shape[:2])):
-            raise ValueError(f"SSD scan: {name} must be a bool (Bt, L) = {tuple(x.shape[:2])} mask marking steps, "
-                             f"got {m.dtype} {tuple(m.shape)}; build it from zoo_core.packing.Segments (starts, doc_end)")
+        check_step_mask(m, tuple(x.shape[:2]), name=name, who="SSD scan")
 
 
 def _per_head(t: Tensor, heads: int) -> Tensor:

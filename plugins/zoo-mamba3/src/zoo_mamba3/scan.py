@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from zoo_core.packing import check_step_mask
+
 
 class TrapScanOp(Protocol):
     """Op ``scan`` for the structure ``"mamba3"``: the trapezoidal scan (see the module docstring)."""
@@ -46,9 +48,7 @@ class TrapScanOp(Protocol):
 
 def _check_marks(x: Tensor, reset: Tensor | None, ends: Tensor | None) -> None:
     for name, m in (("reset", reset), ("ends", ends)):
-        if m is not None and (m.dtype != torch.bool or tuple(m.shape) != tuple(x.shape[:2])):
-            raise ValueError(f"Mamba-3 scan: {name} must be a bool (Bt, L) = {tuple(x.shape[:2])} mask marking steps, "
-                             f"got {m.dtype} {tuple(m.shape)}; build it from zoo_core.packing.Segments (starts, doc_end)")
+        check_step_mask(m, tuple(x.shape[:2]), name=name, who="Mamba-3 scan")
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
