@@ -1,0 +1,101 @@
+"""benchmarks/tasks: the extrapolation evaluation (streamed = parallel, the memory fallback, resuming)
+and TASKS.md's rendering from a fixture results file (no training)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.tasks import extrapolate as ex
+from zoo_core.build import build_model
+from zoo_core.datasets import SplitData
+from zoo_core.io.pretrained import save_pretrained
+from zoo_core.train.loop import IGNORE, evaluate
+
+V = 16
+
+
+def _model(kind: str = "lru", **core: object) -> torch.nn.Module:
+    spec = {"schema_version": 1, "task": {"kind": "lm"}, "input": {"vocab_size": V},
+            "model": {"d_model": 8, "depth": 2, "block": {"norm": "rms", "activation": "gelu", "output": "glu"},
+                      "final_norm": "rms", "core": {"kind": kind, "preset": "tiny", **core}}}
+    return build_model(spec, seed=0).eval()
+
+
+def _split(model: torch.nn.Module, n: int = 6, length: int = 41) -> SplitData:
+    """Random tokens; targets at a few late positions, half of them the model's own greedy choice
+    (so the accuracy is strictly between 0 and 1 and any mismatch of streamed logits shows)."""
+    g = torch.Generator().manual_seed(1)
+    X = torch.randint(0, V, (n, length), generator=g)
+    with torch.no_grad():
+        pred = model(X).argmax(-1)
+    y = torch.full_like(X, IGNORE)
+    for j, t in enumerate((length - 9, length - 5, length - 1)):
+        y[:, t] = pred[:, t] if j % 2 == 0 else torch.randint(0, V, (n,), generator=g)
+    return SplitData(X.numpy(), y.numpy(), None)
+
+
+@pytest.mark.parametrize("chunk", [1, 7])
+def test_streamed_equals_parallel(chunk: int) -> None:
+    model = _model()
+    split = _split(model)
+    data = {"X": torch.from_numpy(split.X), "y": torch.from_numpy(split.y)}
+    parallel = evaluate(model, data, "lm", 4)["accuracy"]
+    correct, scored = ex.streamed_accuracy(model, data["X"], data["y"], batch=4, chunk=chunk)
+    assert scored == 18
+    assert 0 < parallel < 1
+    assert correct / scored == pytest.approx(parallel)
+
+
+def test_budget_too_small_streams_and_agrees() -> None:
+    model = _model()
+    split = _split(model)
+    mem = ex.MemoryModel(model, grows=False)
+    par = ex.score(model, split, mem=mem, budget=10**12, batch=4, chunk=5)
+    st = ex.score(model, split, mem=mem, budget=1, batch=4, chunk=5)
+    assert isinstance(par, ex.Score) and isinstance(st, ex.Score)
+    assert (par.how, st.how) == ("parallel", "streamed")
+    assert st.accuracy == pytest.approx(par.accuracy)
+
+
+def test_growing_state_is_not_streamable() -> None:
+    model = _model("attention", n_heads=2)
+    ok, why = ex.streamable(model)
+    assert not ok and "grows" in why
+    res = ex.score(model, _split(model), mem=ex.MemoryModel(model, grows=True), budget=1, batch=4, chunk=5)
+    assert isinstance(res, str) and res.startswith("not streamable")
+
+
+def test_variants_lists_the_lengths_and_the_base() -> None:
+    names = ["induction-heads", "induction-heads-L64", "induction-heads-L1024", "induction-heads-paper", "mqar-small"]
+    assert ex.variants("induction-heads", names) == {64: "induction-heads-L64", 256: "induction-heads",
+                                                     1024: "induction-heads-L1024"}
+    assert ex.variants("mqar-small", names) == {}
+
+
+def test_run_is_resumable(tmp_path: Path) -> None:
+    model = _model()
+    save_pretrained(model, tmp_path / "runs" / "lru" / "best")
+    results = tmp_path / "ih.jsonl"
+    row = {"key": "lru/induction-heads/seed-0/lr-0.001", "status": "ok", "spec": "lru", "dataset": "induction-heads",
+           "seed": 0, "lr": 0.001, "model_dir": "lru/best"}
+    results.write_text(json.dumps(row) + "\n" + json.dumps({**row, "key": "x", "status": "failed"}) + "\n")
+    out = tmp_path / "ih-extrapolation.jsonl"
+    kw = {"max_length": 128, "limit": 3, "batch": 2, "chunk": 16}
+    assert ex.run_results(results, tmp_path / "runs", out, **kw) == 2  # L64, L128 (the base, 256, is past max_length)
+    lines = out.read_text().splitlines()
+    assert [json.loads(x)["length"] for x in lines] == [64, 128]
+    assert all(json.loads(x)["status"] == "ok" and json.loads(x)["sequences"] == 3 for x in lines)
+    assert ex.run_results(results, tmp_path / "runs", out, **kw) == 0  # all done: nothing again
+    out.write_text(lines[0] + "\n")  # one length lost (a kill): only it runs again
+    assert ex.run_results(results, tmp_path / "runs", out, **kw) == 1
+    assert json.loads(out.read_text().splitlines()[1])["key"].endswith("@L128")
+    streamed = tmp_path / "streamed.jsonl"
+    ex.run_results(results, tmp_path / "runs", streamed, **kw, force="streamed")
+    acc = [json.loads(x)["accuracy"] for x in out.read_text().splitlines()]
+    assert [json.loads(x)["accuracy"] for x in streamed.read_text().splitlines()] == pytest.approx(acc)
+    assert np.isfinite(acc).all()
