@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from benchmarks.tasks import extrapolate as ex
+from benchmarks.tasks import make_tables as mt
 from zoo_core.build import build_model
 from zoo_core.datasets import SplitData
 from zoo_core.io.pretrained import save_pretrained
 from zoo_core.train.loop import IGNORE, evaluate
+from zoo_core.train.plot import plot_available
 
 V = 16
 
@@ -85,7 +88,7 @@ def test_run_is_resumable(tmp_path: Path) -> None:
            "seed": 0, "lr": 0.001, "model_dir": "lru/best"}
     results.write_text(json.dumps(row) + "\n" + json.dumps({**row, "key": "x", "status": "failed"}) + "\n")
     out = tmp_path / "ih-extrapolation.jsonl"
-    kw = {"max_length": 128, "limit": 3, "batch": 2, "chunk": 16}
+    kw: dict[str, Any] = {"max_length": 128, "limit": 3, "batch": 2, "chunk": 16}
     assert ex.run_results(results, tmp_path / "runs", out, **kw) == 2  # L64, L128 (the base, 256, is past max_length)
     lines = out.read_text().splitlines()
     assert [json.loads(x)["length"] for x in lines] == [64, 128]
@@ -99,3 +102,56 @@ def test_run_is_resumable(tmp_path: Path) -> None:
     acc = [json.loads(x)["accuracy"] for x in out.read_text().splitlines()]
     assert [json.loads(x)["accuracy"] for x in streamed.read_text().splitlines()] == pytest.approx(acc)
     assert np.isfinite(acc).all()
+
+
+# TASKS.md ------------------------------------------------------------------------------------------
+def _row(spec: str, seed: int, acc: float, lr: float = 1e-3, val: float | None = None) -> dict:
+    return {"key": f"{spec}/toy/seed-{seed}/lr-{lr:g}", "status": "ok", "spec": spec, "dataset": "toy", "seed": seed,
+            "lr": lr, "axes": {}, "metric": "accuracy", "test": {"accuracy": acc}, "val": {"accuracy": acc if val is None else val},
+            "wall_s": 10.0 + seed, "params": 1234, "epoch_time_s": [2.0, 3.0, 4.0], "when": f"2026-01-0{seed + 1}T10:00:00"}
+
+
+def _ext(spec: str, seed: int, length: int, acc: float | None, how: str = "parallel", status: str = "ok") -> dict:
+    return {"key": f"{spec}/toy/seed-{seed}/lr-0.001@L{length}", "spec": spec, "seed": seed, "length": length,
+            "status": status, "accuracy": acc, "how": how, "when": "2026-01-05T00:00:00"}
+
+
+def _fixture_task() -> "mt.Task":
+    rows = [_row("a", 0, 0.5), _row("a", 1, 0.6), _row("a", 2, 0.7), _row("b", 0, 0.2), _row("b", 1, 0.4),
+            _row("a", 0, 0.99, lr=1e-4, val=0.1)]  # a worse lr on validation: not picked, whatever its test score
+    ext = [_ext("a", s, L, 0.1 * (s + 1)) for s in range(3) for L in (64, 256)]
+    ext += [_ext("a", s, 4096, 0.5, how="streamed") for s in range(3)] + [_ext("b", 0, 4096, None, status="not streamable")]
+    return mt.Task("toy", "benchmarks/tasks/sweeps/toy.yaml", ["a", "b", "c"], {"a": 3, "b": 3, "c": 3}, 9, rows, ext)
+
+
+PUBLISHED = [{"task": "toy", "model": "Paper-A", "metric": "accuracy (%)", "value": 97.0, "setting": "length 4096",
+              "source": {"paper": "Someone, Paper: a title", "where": "Table 1 (p. 3)", "arxiv": "1234.5678"}}]
+
+
+def test_tables_render_deterministically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(mt.PUBLISHED_FOR, "toy", {"a": [("Paper-A", None, "A")]})
+    monkeypatch.setitem(mt.PUBLISHED_TASK, "toy", "toy")
+    reading = tmp_path / "reading"
+    reading.mkdir()
+    (reading / "toy.md").write_text("Core a beats b here.\n")
+    kw: dict[str, Any] = {"reading_dir": reading, "plot_dir": tmp_path / "plots", "doc_dir": tmp_path, "train_lengths": {"toy": 256}}
+    text = mt.render([_fixture_task()], PUBLISHED, **kw)
+    assert text == mt.render([_fixture_task()], PUBLISHED, **kw)  # reruns write the same file
+    lines = text.splitlines()
+    assert "| a | 60.0 ± 10.0 (3) | 1,234 | 3.0 | 97.0 (A; Someone, Paper, Table 1, arXiv 1234.5678) |" in lines
+    assert "| b | 30.0 ± 14.1 (2, partial: 2 of 3 seeds) | 1,234 | 3.0 | — |" in lines
+    assert "| c | not run yet | — | — | — |" in lines
+    assert "| core | 64 | **256 (train)** | 4,096 |" in lines
+    assert "| a | 20.0 ± 10.0 (3) | 20.0 ± 10.0 (3) | 50.0 ± 0.0 (3)ˢ |" in lines
+    assert "| b | — | — | not streamable |" in lines
+    assert "- toy: 6 of 9 cells finished; 9 extrapolation scores." in lines  # the lr-1e-4 row is a sixth cell
+    assert "the newest result line is from 2026-01-05 00:00:00" in text
+    assert "Core a beats b here." in lines
+    if plot_available():
+        assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["toy-accuracy-vs-wall.png", "toy-extrapolation.png"]
+        assert "![toy-extrapolation](plots/toy-extrapolation.png)" in lines
+
+
+def test_missing_reading_says_so(tmp_path: Path) -> None:
+    text = mt.render([_fixture_task()], [], reading_dir=tmp_path / "none", plot_dir=tmp_path / "plots", doc_dir=tmp_path)
+    assert "still to be written" in text and "### Reading: toy" in text

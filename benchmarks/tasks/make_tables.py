@@ -1,0 +1,366 @@
+"""Render ``benchmarks/TASKS.md`` and its plots from the task sweeps' results and the published figures.
+
+Run: ``python -m benchmarks.tasks.make_tables`` (after ``zoo sweep benchmarks/tasks/sweeps/X.yaml`` and
+``python -m benchmarks.tasks.extrapolate benchmarks/tasks/sweeps/X.yaml``). Reads, per sweep file in
+``benchmarks/tasks/sweeps/``: its results JSONL (``<sweep>.jsonl``), the extrapolation JSONL beside
+it (``<sweep>-extrapolation.jsonl``, if any), ``benchmarks/tasks/published.yaml`` and a hand-written
+``benchmarks/tasks/reading/<sweep>.md`` per task (if any). Writes ``benchmarks/TASKS.md`` and PNGs
+under ``benchmarks/tasks/plots/``.
+
+The per-cell selection (each seed's learning rate picked on validation, mean ± sample std over
+seeds) is ``zoo_core.sweep.report.configs``, the plots ``report.plot_points``: the same numbers
+``zoo sweep --report`` prints. Output is deterministic: rows in the sweep file's order, fixed float
+formats, and the "as of" stamp is the newest result line's own time (not the clock), so a rerun on
+the same results writes the same file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from zoo_core.sweep.config import load_sweep
+from zoo_core.sweep.report import Config, configs, plot_points
+from zoo_core.sweep.results import latest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+SWEEPS = ("induction-heads", "selective-copying", "mqar-small")  # the order of TASKS.md's sections
+
+TITLES = {
+    "induction-heads": "Induction heads",
+    "selective-copying": "Selective copying",
+    "mqar-small": "MQAR (multi-query associative recall), small",
+}
+CARDS = {"induction-heads": "induction-heads", "selective-copying": "selective-copying", "mqar-small": "mqar"}
+WHAT = {
+    "induction-heads": "A random sequence over a 16-token vocabulary holds one special token followed by a value; "
+                       "the sequence ends with the special token again and the model must output the value that "
+                       "followed it (one scored position). Trained at length 256, tested at 64 … 65,536 steps "
+                       "(Mamba §4.1.2).",
+    "selective-copying": "16 data tokens scattered among noise tokens must be output in order at 16 marker "
+                         "positions at the end (16 scored positions per sequence); trained and tested at length "
+                         "256, tested longer at 512 … 4,096 (Mamba §4.1.1).",
+    "mqar-small": "Key–value pairs followed by queries of some of the keys (placed by Zoology's power law); the "
+                  "model must output each queried key's value (Zoology). Vocabulary 64, trained on (length, pairs) "
+                  "(32, 2) and (64, 4), tested on (32, 2), (32, 4), (64, 8), (128, 16).",
+}
+SCALE = {
+    "induction-heads": "Mamba paper: 2 layers, D = 64 (Mamba) or 128 (the others), 25 epochs × 8,192 steps at batch "
+                       "8. Here: 4,000 training sequences, at most 10 epochs at batch 32 (~1,250 steps).",
+    "selective-copying": "Mamba paper: length 4,096, 400K steps at batch 64, lr 1e-4. Here: length 256, 4,000 "
+                         "training sequences, at most 10 epochs at batch 32 (~1,250 steps).",
+    "mqar-small": "Zoology: vocabulary 8,192, lengths 64–512 with 4–64 pairs, widths 64–512, the best of 4 learning "
+                  "rates. Here: vocabulary 64, lengths 32–128, width 64, one learning rate, 6,000 training sequences.",
+}
+
+# Our core label -> the published rows that report that model on the task: (model in published.yaml,
+# a substring the entry's `setting` must hold (None: any), the name to print).
+PUBLISHED_FOR: dict[str, dict[str, list[tuple[str, str | None, str]]]] = {
+    "induction-heads": {
+        "mamba": [("Mamba", "test length 256;", "Mamba")],
+        "attention": [("MHA-RoPE", "test length 256;", "MHA-RoPE")],
+    },
+    "selective-copying": {
+        "s4": [("No gate arch + S4 layer (= S4)", None, "S4, L = 4,096")],
+        "mamba": [("Mamba arch + S6 layer (= Mamba)", None, "Mamba, L = 4,096")],
+    },
+    "mqar-small": {
+        "attention": [("Attention", "model dimension 64;", "attention, d = 64, L = 64–512, vocab 8,192")],
+        "mamba": [("Mamba", None, "Mamba, state 2e4–1e5, vocab 8,192")],
+    },
+}
+PUBLISHED_TASK = {"induction-heads": "induction-heads", "selective-copying": "selective-copying", "mqar-small": "mqar"}
+# published rows beside the extrapolation table: (model in published.yaml, the name to print)
+PUBLISHED_EXTRAPOLATION = {"induction-heads": [("Mamba", "Mamba (paper, 74K params)"),
+                                               ("MHA-RoPE", "MHA-RoPE (paper, 137K)"),
+                                               ("MHA-Abs", "MHA-Abs (paper, 137K)")]}
+
+
+@dataclass
+class Task:
+    """Everything one section needs: the sweep's cells as planned, its rows, its extrapolation rows."""
+
+    name: str
+    sweep_file: str  # as the command is written (relative to the repository)
+    specs: list[str]  # core labels in the sweep file's order
+    seeds: dict[str, int]  # core label -> seeds the sweep asks for
+    cells: int  # cells the sweep plans
+    rows: list[dict[str, Any]] = field(default_factory=list)  # latest row per key
+    extrapolation: list[dict[str, Any]] = field(default_factory=list)
+    axes: list[str] = field(default_factory=list)
+
+
+# formatting ----------------------------------------------------------------------------------------
+def pct(xs: list[float]) -> str:
+    m = statistics.mean(xs) * 100
+    s = statistics.stdev(xs) * 100 if len(xs) > 1 else 0.0
+    return f"{m:.1f} ± {s:.1f}"
+
+
+def _source(e: dict[str, Any]) -> str:
+    src = e.get("source") or {}
+    paper = str(src.get("paper", "")).split(":")[0].split(" (")[0].strip()
+    where = re.split(r"[;(,]", str(src.get("where", "")))[0].strip()
+    arxiv = str(src.get("arxiv", "")).split(" ")[0]
+    return f"{paper}, {where}" + (f", arXiv {arxiv}" if arxiv else "")
+
+
+def _value(e: dict[str, Any]) -> float | None:
+    v = e.get("value")
+    if v is None:
+        return None
+    return float(v) * (100.0 if "fraction" in str(e.get("metric", "")) else 1.0)
+
+
+def published_cell(task: str, spec: str, published: list[dict[str, Any]]) -> str:
+    """The published figure(s) for our core ``spec`` on ``task`` with their source, or an em dash."""
+    parts = []
+    for model, must, shown in PUBLISHED_FOR.get(task, {}).get(spec, []):
+        es = [e for e in published if e["task"] == PUBLISHED_TASK[task] and e["model"] == model
+              and (must is None or must in str(e.get("setting", "")))]
+        vals = sorted(v for e in es if (v := _value(e)) is not None)
+        if not vals:
+            continue
+        text = f"{vals[0]:.1f}" if vals[0] == vals[-1] else f"{vals[0]:.1f}–{vals[-1]:.1f}"
+        approx = "~" if any("read off" in str(e.get("notes", "")) + str(e.get("setting", "")) + str(e.get("source", {}).get("where", ""))
+                            or "fraction" in str(e.get("metric", "")) for e in es) else ""
+        parts.append(f"{approx}{text} ({shown}; {_source(es[0])})")
+    return "; ".join(parts) or "—"
+
+
+def _length_of(e: dict[str, Any]) -> int | None:
+    m = re.search(r"test length (\d+)", str(e.get("setting", "")))
+    return int(m.group(1)) if m else None
+
+
+# sections ------------------------------------------------------------------------------------------
+def results_table(task: Task, by: dict[str, list[Config]], published: list[dict[str, Any]]) -> list[str]:
+    cs = {c.spec: c for c in by.get(task.name, []) if not c.axes}
+    head = ["core", "test accuracy (%), mean ± std (seeds)", "params", "s / epoch", "published (source)"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for spec in task.specs:
+        c = cs.get(spec)
+        pub = published_cell(task.name, spec, published)
+        if c is None:
+            out.append(f"| {spec} | not run yet | — | — | {pub} |")
+            continue
+        n, want = len(c.picks), task.seeds.get(spec, len(c.picks))
+        partial = f", partial: {n} of {want} seeds" if n < want else ""
+        epochs = [t for r in c.picks for t in r.get("epoch_time_s") or []]
+        out.append(f"| {spec} | {pct(c.values())} ({n}{partial}) | {c.picks[0]['params']:,} | "
+                   f"{statistics.median(epochs):.1f} | {pub} |" if epochs else
+                   f"| {spec} | {pct(c.values())} ({n}{partial}) | {c.picks[0]['params']:,} | — | {pub} |")
+    return out
+
+
+def extrapolation_cells(task: Task) -> tuple[list[int], dict[str, dict[int, str]], dict[str, list[tuple[float, float, float]]]]:
+    """Lengths, core -> length -> table text, and core -> plot points (length, mean, std)."""
+    by: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in task.extrapolation:
+        by[(r["spec"], int(r["length"]))].append(r)
+    lengths = sorted({L for _, L in by})
+    text: dict[str, dict[int, str]] = defaultdict(dict)
+    points: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    for (spec, L), rs in sorted(by.items()):
+        ok = [r for r in sorted(rs, key=lambda r: r["seed"]) if r.get("status") == "ok"]
+        if ok:
+            accs = [float(r["accuracy"]) for r in ok]
+            streamed = "ˢ" if any(r.get("how") == "streamed" for r in ok) else ""
+            text[spec][L] = f"{pct(accs)} ({len(accs)}){streamed}"
+            points[spec].append((float(L), statistics.mean(accs), statistics.stdev(accs) if len(accs) > 1 else 0.0))
+        elif any(r.get("status") == "not streamable" for r in rs):
+            text[spec][L] = "not streamable"
+        else:
+            text[spec][L] = "failed"
+    return lengths, dict(text), dict(points)
+
+
+def extrapolation_table(task: Task, published: list[dict[str, Any]], train_length: int | None) -> list[str]:
+    lengths, text, _ = extrapolation_cells(task)
+    if not lengths:
+        return []
+    def col(L: int) -> str:
+        return f"**{L:,} (train)**" if L == train_length else f"{L:,}"
+    out = ["| core | " + " | ".join(col(L) for L in lengths) + " |", "|" + "---|" * (len(lengths) + 1)]
+    for spec in task.specs:
+        if spec in text:
+            out.append(f"| {spec} | " + " | ".join(text[spec].get(L, "—") for L in lengths) + " |")
+    for model, shown in PUBLISHED_EXTRAPOLATION.get(task.name, []):
+        es = {_length_of(e): e for e in published if e["task"] == PUBLISHED_TASK[task.name] and e["model"] == model}
+        if not es:
+            continue
+        cells = []
+        for L in lengths:
+            e = es.get(L)
+            v = None if e is None else _value(e)
+            cells.append("—" if e is None else ("OOM" if v is None else f"{v:.1f}"))
+        out.append(f"| *{shown}* | " + " | ".join(cells) + " |")
+    return out
+
+
+def plots(task: Task, by: dict[str, list[Config]], plot_dir: Path) -> list[Path]:
+    made: list[Path | None] = []
+    cs = [c for c in by.get(task.name, []) if not c.axes]
+    if cs:
+        wall = {c.spec: [(statistics.mean(c.walls), statistics.mean(c.values()),
+                          statistics.stdev(c.values()) if len(c.picks) > 1 else 0.0)] for c in cs}
+        made.append(plot_points(wall, plot_dir / f"{task.name}-accuracy-vs-wall.png", xlabel="training wall-clock per seed (s)",
+                                ylabel="test accuracy", title=f"{task.name}: test accuracy vs wall-clock", logx=True))
+    _, _, points = extrapolation_cells(task)
+    if points:
+        made.append(plot_points(points, plot_dir / f"{task.name}-extrapolation.png", xlabel="test length (steps)",
+                                ylabel="test accuracy", title=f"{task.name}: accuracy vs test length", logx=True))
+    for axis in (a for a in task.axes if a in ("width", "d_model")):
+        series: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+        for c in by.get(task.name, []):
+            if axis in c.axes:
+                v = c.values()
+                series[c.spec].append((float(c.axes[axis]), statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0))
+        if series:
+            made.append(plot_points(dict(series), plot_dir / f"{task.name}-accuracy-vs-{axis}.png", xlabel=axis,
+                                    ylabel="test accuracy", title=f"{task.name}: accuracy vs {axis}"))
+    return [p for p in made if p is not None]
+
+
+def _stamp(rows: list[dict[str, Any]]) -> str:
+    whens = sorted(str(r["when"]) for r in rows if r.get("when"))
+    return whens[-1].replace("T", " ") if whens else "no results yet"
+
+
+def render(tasks: list[Task], published: list[dict[str, Any]], *, reading_dir: Path, plot_dir: Path,
+           doc_dir: Path, train_lengths: dict[str, int] | None = None) -> str:
+    """TASKS.md's text (and the PNGs into ``plot_dir``); links are relative to ``doc_dir``."""
+    train_lengths = train_lengths or {}
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    every = [r for t in tasks for r in t.rows + t.extrapolation]
+    lines = [
+        "# Tasks on which sequence models differ",
+        "",
+        "<!-- generated by `python -m benchmarks.tasks.make_tables` from benchmarks/tasks/results/*.jsonl and "
+        "benchmarks/tasks/published.yaml; edit those (or benchmarks/tasks/reading/<task>.md), not this file -->",
+        "",
+        "On the UEA/UCR sets every core lands within noise of the others (`benchmarks/REPRO.md`). These synthetic "
+        "tasks are built to separate them: recall of a token seen long before (induction heads, MQAR) and copying "
+        "only the tokens that matter among noise (selective copying), which a time-invariant state space model "
+        "cannot do by construction and an input-dependent one can (Mamba §3.1). Each task is a dataset of the "
+        "zoo-synthetic plugin; its card (definition, the paper's parameters, what changed for a CPU) is linked "
+        "in its section.",
+        "",
+        "**The common model.** Every core is compared in the same network, `benchmarks/tasks/specs/lm-2layer.yaml`: "
+        "tokens embedded, two pre-RMSNorm residual blocks of width 64 (the Mamba paper's synthetic-task depth and "
+        "width), each the core then a GELU and a GLU output map, a final RMSNorm and a per-step head; only the "
+        "positions with a target are scored (the others are −100). The sweep files set each core's own settings "
+        "(state size 16 for the diagonal and LTI families, the small presets for Mamba-2/3, RG-LRU, GDN, "
+        "four heads with RoPE for attention).",
+        "",
+        "**The protocol.** Each core × seed is one `zoo train` run: Adam, lr 1e-3, gradient clipping 1.0, batch 32, "
+        "at most 10 epochs with early stopping after 4 epochs without improvement, the model of the best validation "
+        "token accuracy kept and scored on the test split (`training.protocol: official`: the generator's own "
+        "train/val/test). The table gives the test token accuracy over the scored positions, mean ± sample std over "
+        "the seeds (the count in brackets), the parameter count, and the median seconds per epoch (one thread of a "
+        "shared two-core CPU, several runs at a time: a rough cost, not a speed benchmark). Published figures come "
+        "from `benchmarks/tasks/published.yaml` (each with its source; `benchmarks/tasks/PUBLISHED.md` is the "
+        "digest); they are at the papers' scale, listed in each section, which is much larger than ours.",
+        "",
+        "**Reproduce.** Per task `X` (induction-heads, selective-copying, mqar-small):",
+        "",
+        "```",
+        "zoo sweep benchmarks/tasks/sweeps/X.yaml                        # resumable: finished cells are skipped",
+        "python -m benchmarks.tasks.extrapolate benchmarks/tasks/sweeps/X.yaml   # longer test lengths; resumable",
+        "python -m benchmarks.tasks.make_tables                          # this file and benchmarks/tasks/plots/",
+        "```",
+        "",
+        f"**Status** (the newest result line is from {_stamp(every)}):",
+        "",
+    ]
+    for t in tasks:
+        done = sum(1 for r in t.rows if r.get("status") == "ok")
+        failed = sum(1 for r in t.rows if r.get("status") != "ok")
+        ext = sum(1 for r in t.extrapolation if r.get("status") == "ok")
+        lines.append(f"- {t.name}: {done} of {t.cells} cells finished" + (f", {failed} failed" if failed else "")
+                     + (f"; {ext} extrapolation scores" if t.extrapolation else "") + ".")
+    lines += ["", "Rows with fewer seeds than the sweep asks for are marked partial; cores without a finished "
+              "cell are listed as not run yet. Everything here is regenerated as the sweeps finish.", ""]
+    by = configs([r for t in tasks for r in t.rows])
+    for t in tasks:
+        card = f"docs/tasks/{CARDS.get(t.name, t.name)}.md"
+        lines += [f"## {TITLES.get(t.name, t.name)}", "",
+                  f"{WHAT.get(t.name, '')} Card: [`{card}`]({_rel(ROOT / card, doc_dir)}). "
+                  f"Sweep: `{t.sweep_file}`.", "", f"Scale: {SCALE.get(t.name, '')}", "",
+                  *results_table(t, by, published), ""]
+        ext_rows = extrapolation_table(t, published, train_lengths.get(t.name))
+        if ext_rows:
+            lines += [f"### {TITLES.get(t.name, t.name)}: accuracy (%) by test length", "",
+                      "Each core's best model per seed scored on the test variants at each length "
+                      "(`python -m benchmarks.tasks.extrapolate`; at most 256 sequences per length), mean ± std "
+                      "(seeds). ˢ: streamed through the recurrent state (the parallel forward did not fit the "
+                      "memory budget); not streamable: a state that grows with length (attention's KV cache) past "
+                      "the parallel limit. Rows in italics: the paper's figures at its own scale.", "", *ext_rows, ""]
+        pngs = plots(t, by, plot_dir)
+        lines += [f"![{p.stem}]({_rel(p, doc_dir)})" for p in pngs] + ([""] if pngs else [])
+        reading = reading_dir / f"{t.name}.md"
+        lines += [f"### Reading: {TITLES.get(t.name, t.name)}", ""]
+        lines += ([reading.read_text(encoding="utf-8").strip(), ""] if reading.is_file()
+                  else ["*The reading of this table is still to be written "
+                        f"(`{_rel(reading, ROOT)}`).*", ""])
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _rel(path: Path, start: Path) -> str:
+    import os
+
+    return os.path.relpath(path, start).replace(os.sep, "/")
+
+
+# loading -------------------------------------------------------------------------------------------
+def load_task(sweep_file: Path) -> Task:
+    """A Task from a sweep file: its planned cells, its results and its extrapolation results."""
+    from .extrapolate import extrapolation_path
+
+    sw = load_sweep(sweep_file)
+    specs = list(dict.fromkeys(c.spec_label for c in sw.cells))
+    seeds = {s: len({c.seed for c in sw.cells if c.spec_label == s}) for s in specs}
+    axes = list(dict.fromkeys(a for c in sw.cells for a in c.axes))
+    rows = sorted(latest(sw.results).values(), key=lambda r: r["key"])
+    ext = sorted(latest(extrapolation_path(sw.results)).values(), key=lambda r: r["key"])
+    return Task(sw.name, _rel(sweep_file.resolve(), ROOT), specs, seeds, len(sw.cells), rows, ext, axes)
+
+
+def train_length(dataset: str) -> int | None:
+    try:
+        from zoo_core.datasets import get_dataset
+
+        length = get_dataset(dataset).info.length
+        return int(length) if length is not None else None
+    except Exception:  # noqa: BLE001 - only labels a column: a dataset that cannot be read is left unlabelled
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.tasks.make_tables", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sweeps", nargs="*", type=Path, default=[HERE / "sweeps" / f"{s}.yaml" for s in SWEEPS])
+    p.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "TASKS.md")
+    p.add_argument("--plots", type=Path, default=HERE / "plots")
+    p.add_argument("--published", type=Path, default=HERE / "published.yaml")
+    p.add_argument("--reading", type=Path, default=HERE / "reading")
+    a = p.parse_args(argv)
+    tasks = [load_task(f) for f in a.sweeps]
+    published = yaml.safe_load(a.published.read_text(encoding="utf-8")) or []
+    lengths = {t.name: L for t in tasks if t.extrapolation and (L := train_length(t.rows[0]["dataset"] if t.rows else t.name))}
+    text = render(tasks, published, reading_dir=a.reading, plot_dir=a.plots, doc_dir=a.output.parent, train_lengths=lengths)
+    a.output.write_text(text, encoding="utf-8")
+    print(f"wrote {a.output} and {a.plots}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
