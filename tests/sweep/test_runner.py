@@ -105,3 +105,38 @@ def test_zoo_sweep_lists_runs_reports_and_exits_1_when_a_cell_failed(tmp_path: P
     assert "## Failed cells" in capsys.readouterr().out
     assert json.loads((tmp_path / "out/results.jsonl").read_text().splitlines()[0])["status"] == "ok"
     assert zoo(["sweep", "--report", str(tmp_path / "nowhere.yaml")]) == 2
+
+
+def test_report_keeps_only_the_sweeps_current_cells_and_never_mixes_metrics(tmp_path):
+    """A row left by an older grid (another lr, other settings) never competes for the lr pick, and a
+    loss-selected spec gets its own table instead of a loss printed as a percentage."""
+    import json
+
+    from zoo_core.sweep.report import render_report
+
+    def row(key, spec, lr, val, test, metric="accuracy", h="h1"):
+        return {"key": key, "status": "ok", "spec": spec, "dataset": "D", "seed": 0, "lr": lr, "axes": {},
+                "config_hash": h, "metric": metric, "val": {metric: val}, "test": {metric: test}, "params": 10,
+                "wall_s": 1.0, "epoch_time_s": [0.1]}
+
+    rows = [row("a/D/seed-0/lr-0.1", "a", 0.1, 0.99, 0.11),  # stale: lr 0.1 is no longer in the grid
+            row("a/D/seed-0/lr-0.2", "a", 0.2, 0.50, 0.90),
+            row("b/D/seed-0/lr-0.2", "b", 0.2, 2.0, 2.5, metric="loss")]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md, _ = render_report(results, tmp_path / "rep", title="t", keep={"a/D/seed-0/lr-0.2": "h1", "b/D/seed-0/lr-0.2": "h1"})
+    text = md.read_text()
+    assert "1 row(s) of cells no longer in the sweep" in text
+    assert "| a | 90.00 ± 0.00 | 1 | 0.2 |" in text and "11.00" not in text
+    assert "D (loss)" in text and "250.00" not in text and "2.5000 ± 0.0000" in text
+
+
+def test_a_dataset_name_cannot_name_a_folder_outside_the_output(tmp_path):
+    import pytest
+
+    from zoo_core.errors import SpecError
+    from zoo_core.sweep.config import load_sweep
+
+    (tmp_path / "s.yaml").write_text("schema_version: 1\nspecs: {x: nope.yaml}\ndatasets: ['../../escaped']\n")
+    with pytest.raises(SpecError, match="must be letters, digits"):
+        load_sweep(tmp_path / "s.yaml")

@@ -27,14 +27,16 @@ def _positive(text: str) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     src = Path(args.sweep)
+    keep: dict[str, str] | None = None
     if src.is_dir():
         results, out, title = src / "results.jsonl", src / "report", src.name
     else:
         sweep = load_sweep(src, output=args.output, validate=False)
         results, out, title = sweep.results, sweep.output / "report", sweep.name
+        keep = {cell.key: cell.config_hash for cell in sweep.cells}  # rows of this sweep's cells, as they are now
     if not results.is_file():
         raise ZooError(f"no results to report: {results} does not exist (run `zoo sweep {args.sweep}` first)")
-    md, pngs = render_report(results, Path(args.report_dir) if args.report_dir else out, title=title)
+    md, pngs = render_report(results, Path(args.report_dir) if args.report_dir else out, title=title, keep=keep)
     print(md.read_text(encoding="utf-8"))
     print(f"report: {md}" + (f" (+ {len(pngs)} plot(s))" if pngs else ""))
     return 0

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ..datasets import get_dataset, resolve_name
 from ..errors import SpecError, ZooError, did_you_mean
 from ..spec import load_spec
 from ..spec.errors import format_validation_error, spec_error
@@ -80,6 +81,11 @@ class CellEntry(_Strict):
     spec: str
     dataset: str | None = None
     seed: int = Field(0, ge=0)
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, v: str | None) -> str | None:
+        return None if v is None else _label(v, "dataset")
     lr: float | None = Field(None, gt=0, le=10)
     axes: dict[str, str] = Field(default_factory=dict, description="axis name -> one of its labels")
 
@@ -98,6 +104,12 @@ class SweepFile(_Strict):
     axes: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict, description="axis -> label -> spec patch")
     cells: list[CellEntry] | None = Field(None, min_length=1, description="an explicit list instead of the grid")
     resources: Resources = Field(default_factory=Resources)
+
+    @field_validator("datasets")
+    @classmethod
+    def _datasets(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else [_label(d, "dataset") for d in v]  # it names a folder: no '..' or '/'
+
     device: str = Field("auto", description="zoo train --device for every cell")
 
     @field_validator("specs")
@@ -277,6 +289,7 @@ def _entries(cfg: SweepFile, bases: dict[str, tuple[str, dict[str, Any]]], posit
 def _cell(cfg: SweepFile, bases: dict[str, tuple[str, dict[str, Any]]], label: str, dataset: str, axes: dict[str, str],
           seed: int, lr: float, positions: Positions) -> Cell:
     path, spec = bases[label]
+    dataset = resolve_name(dataset)  # the registered spelling: "MQAR-small" and "mqar-small" are one cell
     spec = deep_merge(spec, {"training": cfg.training})
     for axis, lab in axes.items():
         spec = deep_merge(spec, cfg.axes[axis][lab])
@@ -288,10 +301,12 @@ def _cell(cfg: SweepFile, bases: dict[str, tuple[str, dict[str, Any]]], label: s
 
 
 def _validate(cell: Cell, filename: str) -> None:
-    """The checks ``zoo train`` makes before training (spec, training section), before any cell runs."""
+    """The checks ``zoo train`` makes before training (spec, training section, the dataset exists and fits
+    the spec), before any cell runs."""
     try:
-        load_spec(cell.spec)
+        spec = load_spec(cell.spec)
         TrainingSpec.model_validate(cell.training())
+        get_dataset(cell.dataset).check_spec(spec.envelope, where=f"spec {cell.spec_path}")
     except (SpecError, ValidationError) as exc:
         text = str(exc).replace("<dict>: ", "")
         raise SpecError(f"{filename}: cell {cell.key}: the spec {cell.spec_path} with the sweep's training "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,8 @@ def configs(rows: list[dict[str, Any]]) -> dict[str, list[Config]]:
     by: dict[str, list[Config]] = defaultdict(list)
     for c in out.values():
         c.picks.sort(key=lambda r: r["seed"])
-        by[c.dataset].append(c)
+        # one table per dataset and selection metric: accuracy and loss never share a column
+        by[c.dataset if c.metric == "accuracy" else f"{c.dataset} ({c.metric})"].append(c)
     return dict(by)
 
 
@@ -162,13 +164,21 @@ def plots(dataset: str, cs: list[Config], out: Path) -> list[Path]:
     return [p for p in made if p is not None]
 
 
-def render_report(results: Path, out: Path, *, title: str) -> tuple[Path, list[Path]]:
-    """Write ``out/report.md`` and the PNGs beside it; returns their paths."""
+def render_report(results: Path, out: Path, *, title: str, keep: Mapping[str, str] | None = None) -> tuple[Path, list[Path]]:
+    """Write ``out/report.md`` and the PNGs beside it; returns their paths. ``keep`` (cell key -> config
+    hash): report only rows of those cells made with those settings (a sweep file's cells as they are
+    now), so a row left by an older grid or other settings never competes for the lr pick."""
     rows = list(latest(results).values())
+    ignored = 0
+    if keep is not None:
+        kept = [r for r in rows if keep.get(r.get("key", "")) == r.get("config_hash")]
+        ignored, rows = len(rows) - len(kept), kept
     out.mkdir(parents=True, exist_ok=True)
     by = configs(rows)
     failed = [r for r in rows if r.get("status") != "ok"]
-    lines = [f"# {title}", "", f"From `{results}`: {len(rows) - len(failed)} finished cells, {len(failed)} failed. "
+    other = (f" {ignored} row(s) of cells no longer in the sweep, or made with other settings, are left out."
+             if ignored else "")
+    lines = [f"# {title}", "", f"From `{results}`: {len(rows) - len(failed)} finished cells, {len(failed)} failed.{other} "
              "Test metric at the learning rate picked on validation for each seed; mean ± sample std over seeds; "
              "wall-clock = every lr cell of a seed, summed, averaged over seeds.", ""]
     pngs: list[Path] = []

@@ -85,8 +85,9 @@ def make_splits(dataset: Dataset, *, protocol: str, seed: int, val_fraction: flo
     info: dict[str, Any] = {"protocol": protocol, "seed": seed}
     if protocol == "seed-split":
         if dataset.info.task == "lm":
-            raise SpecError(f"dataset {dataset.info.name!r} is a character stream split by play; "
-                            "seed-split would cut windows of one play into train and test. Use training.protocol: official")
+            raise SpecError(f"dataset {dataset.info.name!r} is a token dataset with fixed splits (a text split by source, "
+                            "or a task whose test split is longer than its training split), which seed-split would mix "
+                            "into train and test; use training.protocol: official")
         merged, dropped = drop_duplicates(merge([dataset.load(s) for s in splits]))
         train, val, test = seed_split(merged, seed)
         info["duplicates_dropped"] = dropped
