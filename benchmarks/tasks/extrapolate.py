@@ -4,7 +4,8 @@ the longer (and shorter) test variants of its dataset.
 Run: ``python -m benchmarks.tasks.extrapolate benchmarks/tasks/sweeps/induction-heads.yaml``
 (``--max-length 4096 --limit 64 --budget 4GiB``). Results go to ``<sweep results>-extrapolation.jsonl``
 beside the sweep's own JSONL, one line per cell × length; a line that is there is not computed
-again (resumable: kill it and run the same command).
+again, whatever the flags (resumable: kill it and run the same command; delete a cell's lines to
+score it again with other settings). A ``failed`` line is retried.
 
 Which test variants: every registered ``<dataset>-L<length>`` (zoo-synthetic registers them for
 induction heads, 64 … 65,536 steps, and selective copying, 512 … 4,096; they share the base
@@ -222,12 +223,13 @@ def row_key(cell_key: str, length: int) -> str:
 
 
 def run(sweep_file: Path, *, max_length: int | None = None, limit: int | None = None, budget: int = parse_size(DEFAULT_BUDGET),
-        batch: int = 64, chunk: int = DEFAULT_CHUNK, specs: list[str] | None = None, out: Path | None = None) -> Path:
+        batch: int = 64, chunk: int = DEFAULT_CHUNK, specs: list[str] | None = None, out: Path | None = None,
+        force: str | None = None) -> Path:
     """Score every finished cell of the sweep on every test length; returns the JSONL's path."""
     sweep = load_sweep(sweep_file)
     out = out or extrapolation_path(sweep.results)
     run_results(sweep.results, sweep.output, out, max_length=max_length, limit=limit, budget=budget, batch=batch,
-                chunk=chunk, specs=specs)
+                chunk=chunk, specs=specs, force=force)
     return out
 
 
@@ -273,7 +275,7 @@ def run_results(results: Path, output: Path, out: Path, *, max_length: int | Non
                     row.update(status="ok", accuracy=res.accuracy, scored=res.scored, how=res.how, batch=res.batch,
                                chunk=res.chunk)
             row.update(seconds=round(time.perf_counter() - t0, 3), when=dt.datetime.now().isoformat(timespec="seconds"),
-                       streamable=ok)
+                       streamable=ok, budget_bytes=budget)
             append(out, row)
             appended += 1
             acc = "" if row.get("accuracy") is None else f"{row['accuracy']:.4f}"
@@ -292,10 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="tokens per streamed call (1: model.step per token)")
     p.add_argument("--specs", default=None, help="only these core labels, comma-separated")
     p.add_argument("--output", type=Path, default=None, help="the JSONL (default: <sweep results>-extrapolation.jsonl)")
+    p.add_argument("--how", choices=("auto", "parallel", "streamed"), default="auto",
+                   help="auto: parallel within the budget, streamed beyond; the others force one way (to compare them)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     path = run(a.sweep, max_length=a.max_length, limit=a.limit, budget=parse_size(a.budget), batch=a.batch,
-               chunk=a.chunk, specs=a.specs.split(",") if a.specs else None, out=a.output)
+               chunk=a.chunk, specs=a.specs.split(",") if a.specs else None, out=a.output,
+               force=None if a.how == "auto" else a.how)
     print(f"results: {path}")
     return 0
 

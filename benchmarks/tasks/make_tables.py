@@ -259,8 +259,8 @@ def render(tasks: list[Task], published: list[dict[str, Any]], *, reading_dir: P
         "tokens embedded, two pre-RMSNorm residual blocks of width 64 (the Mamba paper's synthetic-task depth and "
         "width), each the core then a GELU and a GLU output map, a final RMSNorm and a per-step head; only the "
         "positions with a target are scored (the others are −100). The sweep files set each core's own settings "
-        "(state size 16 for the diagonal and LTI families, the small presets for Mamba-2/3, RG-LRU, GDN, "
-        "four heads with RoPE for attention).",
+        "(state size 16 for S4, S4D, S5, LRU, LinOSS, LrcSSM and Mamba, the `small` presets for Mamba-2/3, "
+        "RG-LRU and GDN, four heads with RoPE for attention).",
         "",
         "**The protocol.** Each core × seed is one `zoo train` run: Adam, lr 1e-3, gradient clipping 1.0, batch 32, "
         "at most 10 epochs with early stopping after 4 epochs without improvement, the model of the best validation "
