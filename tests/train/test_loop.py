@@ -181,3 +181,27 @@ def test_unequal_length_batches_cut_token_targets_not_regression_targets():
     lm = {"X": torch.zeros(3, 5, dtype=torch.long), "y": torch.zeros(3, 5, dtype=torch.long), "lengths": lengths}
     x, y, _ = _batch(lm, torch.tensor([0, 1]))
     assert x.shape == (2, 3) and y.shape == (2, 3)
+
+
+def test_lm_training_weighs_each_scored_token_alike():
+    """With targets at some positions only, the batch loss is the mean over the batch's scored tokens
+    (Zoology's), so a query in a short row weighs what one in a long row does; evaluation agrees."""
+    import torch
+
+    from zoo_core.train.loop import IGNORE, evaluate, per_sample_loss
+
+    out = torch.randn(2, 6, 5)
+    y = torch.full((2, 6), IGNORE)
+    y[0, 5] = 1  # one scored token
+    y[1, :] = torch.tensor([0, 1, 2, 3, 4, 0])  # six
+    per = per_sample_loss("lm", out, y)
+    counts = (y != IGNORE).sum(1).to(per)
+    token_mean = torch.nn.functional.cross_entropy(out.reshape(-1, 5), y.reshape(-1), ignore_index=IGNORE)
+    torch.testing.assert_close((per * counts).sum() / counts.sum(), token_mean)
+
+    class Fixed(torch.nn.Module):
+        def forward(self, x):
+            return out[: x.shape[0]]
+
+    m = evaluate(Fixed(), {"X": torch.zeros(2, 6, dtype=torch.long), "y": y}, "lm", batch_size=2)
+    assert m["loss"] == pytest.approx(float(token_mean), rel=1e-6)

@@ -124,7 +124,10 @@ def evaluate(model: nn.Module, data: dict[str, Tensor], task: str, batch_size: i
     for start in range(0, n, batch_size):
         x, y, lengths = _batch(data, torch.arange(start, min(start + batch_size, n), device=data["X"].device))
         out = call_model(model, x, lengths)
-        total += float(per_sample_loss(task, out, y).double().sum())
+        per = per_sample_loss(task, out, y).double()
+        if task == "lm":  # summed over scored tokens, divided by their count below
+            per = per * (y != IGNORE).sum(dim=1)
+        total += float(per.sum())
         if task == "classification":
             correct += int((out.argmax(dim=-1) == y).sum())
         elif task == "regression":
@@ -134,7 +137,7 @@ def evaluate(model: nn.Module, data: dict[str, Tensor], task: str, batch_size: i
             correct += int(((out.argmax(dim=-1) == y) & mask).sum())
             scored += int(mask.sum())
     model.train(was_training)
-    metrics = {"loss": total / n}
+    metrics = {"loss": total / (n if task != "lm" else max(scored, 1))}
     if task == "classification":
         metrics["accuracy"] = correct / n
     elif task == "regression":
@@ -278,6 +281,9 @@ def _train_epoch(model: nn.Module, runner: nn.Module, optimizer: torch.optim.Opt
     model.train()
     ctx.progress.start_epoch(f"epoch {epoch}/{cfg.epochs}", len(batches))
     start, loss_sum, count = time.perf_counter(), 0.0, 0
+    # lm targets scored at some positions only (-100 elsewhere: MQAR, selective copying) weigh each scored
+    # token alike; decided once from the data, so every DDP rank takes the same branch
+    token_weighted = ctx.task == "lm" and bool((tr["y"] == IGNORE).any())
     steps = {"valid": 0, "padded": 0, "packed": 0}  # what the batches hold, padded vs packed
     for step, batch in enumerate(batches):
         idx, weights = shard(batch, rank, world)
@@ -292,7 +298,11 @@ def _train_epoch(model: nn.Module, runner: nn.Module, optimizer: torch.optim.Opt
             steps["packed"] += int(seq_idx.numel())
         outs = runner(x, lengths if seq_idx is None else None, seq_idx)
         per = torch.stack([per_sample_loss(ctx.task, o, y) for o in outs]).mean(dim=0)  # (B_rank,)
-        loss = (per * weights.to(per)).sum() * (world / len(batch))
+        if token_weighted:  # the mean over the global batch's scored tokens (Zoology's), not over its sequences
+            counts = (y != IGNORE).sum(dim=1).to(per) * weights.to(per)  # (B_rank,)
+            loss = (per * counts).sum() * world / ctx.dist.all_reduce_sum(counts.sum().double()).clamp(min=1).to(per)
+        else:
+            loss = (per * weights.to(per)).sum() * (world / len(batch))
         loss.backward()
         total = ctx.dist.all_reduce_sum(loss.detach().double() / world)  # the global batch's mean loss
         if not torch.isfinite(total):
