@@ -113,7 +113,7 @@ def _row(spec: str, seed: int, acc: float, lr: float = 1e-3, val: float | None =
 
 def _ext(spec: str, seed: int, length: int, acc: float | None, how: str = "parallel", status: str = "ok") -> dict:
     return {"key": f"{spec}/toy/seed-{seed}/lr-0.001@L{length}", "spec": spec, "seed": seed, "length": length,
-            "status": status, "accuracy": acc, "how": how, "when": "2026-01-05T00:00:00"}
+            "status": status, "accuracy": acc, "how": how, "sequences": 8 if length < 4096 else 4, "when": "2026-01-05T00:00:00"}
 
 
 def _fixture_task() -> "mt.Task":
@@ -144,6 +144,7 @@ def test_tables_render_deterministically(tmp_path: Path, monkeypatch: pytest.Mon
     assert "| core | 64 | **256 (train)** | 4,096 |" in lines
     assert "| a | 20.0 ± 10.0 (3) | 20.0 ± 10.0 (3) | 50.0 ± 0.0 (3)ˢ |" in lines
     assert "| b | — | — | not streamable |" in lines
+    assert "| *sequences per length* | 8 | 8 | 4 |" in lines
     assert "- toy: 6 of 9 cells finished; 9 extrapolation scores." in lines  # the lr-1e-4 row is a sixth cell
     assert "the newest result line is from 2026-01-05 00:00:00" in text
     assert "Core a beats b here." in lines

@@ -42,9 +42,9 @@ TITLES = {
 }
 CARDS = {"induction-heads": "induction-heads", "selective-copying": "selective-copying", "mqar-small": "mqar"}
 WHAT = {
-    "induction-heads": "A random sequence over a 16-token vocabulary holds one special token followed by a value; "
-                       "the sequence ends with the special token again and the model must output the value that "
-                       "followed it (one scored position). Trained at length 256, tested at 64 … 65,536 steps "
+    "induction-heads": "Random content tokens (14 of a 16-token vocabulary) hold one special token followed by a "
+                       "token X; the sequence ends with the special token again and the model must output X (one "
+                       "scored position; chance 1/14 = 7.1 %). Trained at length 256, tested at 64 … 65,536 steps "
                        "(Mamba §4.1.2).",
     "selective-copying": "16 data tokens scattered among noise tokens must be output in order at 16 marker "
                          "positions at the end (16 scored positions per sequence); trained and tested at length "
@@ -194,6 +194,13 @@ def extrapolation_table(task: Task, published: list[dict[str, Any]], train_lengt
     for spec in task.specs:
         if spec in text:
             out.append(f"| {spec} | " + " | ".join(text[spec].get(L, "—") for L in lengths) + " |")
+    seqs: dict[int, set[int]] = defaultdict(set)
+    for r in task.extrapolation:
+        if r.get("sequences") is not None:
+            seqs[int(r["length"])].add(int(r["sequences"]))
+    if seqs:
+        out.append("| *sequences per length* | " + " | ".join("/".join(str(n) for n in sorted(seqs.get(L, set()))) or "—"
+                                                          for L in lengths) + " |")
     for model, shown in PUBLISHED_EXTRAPOLATION.get(task.name, []):
         es = {_length_of(e): e for e in published if e["task"] == PUBLISHED_TASK[task.name] and e["model"] == model}
         if not es:
