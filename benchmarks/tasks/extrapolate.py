@@ -208,10 +208,11 @@ def score(model: Any, split: SplitData, *, mem: MemoryModel | None, budget: int,
 
 
 # the sweep -----------------------------------------------------------------------------------------
-def cells(results: Path) -> list[dict[str, Any]]:
-    """The sweep's finished cells (last row per key, status ok), sorted by key."""
-    return sorted((r for r in latest(results).values() if r.get("status") == "ok" and r.get("model_dir")),
-                  key=lambda r: r["key"])
+def cells(results: Path, keep: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """The sweep's finished cells (last row per key, status ok), sorted by key; ``keep`` (cell key ->
+    config hash, as ``zoo sweep --report``): only the sweep file's cells made with its current settings."""
+    return sorted((r for r in latest(results).values() if r.get("status") == "ok" and r.get("model_dir")
+                   and (keep is None or keep.get(r["key"]) == r.get("config_hash"))), key=lambda r: r["key"])
 
 
 def done_keys(path: Path) -> set[str]:
@@ -229,18 +230,18 @@ def run(sweep_file: Path, *, max_length: int | None = None, limit: int | None = 
     sweep = load_sweep(sweep_file)
     out = out or extrapolation_path(sweep.results)
     run_results(sweep.results, sweep.output, out, max_length=max_length, limit=limit, budget=budget, batch=batch,
-                chunk=chunk, specs=specs, force=force)
+                chunk=chunk, specs=specs, force=force, keep={c.key: c.config_hash for c in sweep.cells})
     return out
 
 
 def run_results(results: Path, output: Path, out: Path, *, max_length: int | None = None, limit: int | None = None,
                 budget: int = parse_size(DEFAULT_BUDGET), batch: int = 64, chunk: int = DEFAULT_CHUNK,
-                specs: list[str] | None = None, force: str | None = None) -> int:
+                specs: list[str] | None = None, force: str | None = None, keep: dict[str, str] | None = None) -> int:
     """``run`` on a results JSONL whose ``model_dir`` entries are relative to ``output``; returns
     the number of lines appended to ``out`` (``force``: "parallel" or "streamed", for tests)."""
     done = done_keys(out)
     names = [d.name for d in list_datasets()]
-    todo = [c for c in cells(results) if specs is None or c["spec"] in specs]
+    todo = [c for c in cells(results, keep) if specs is None or c["spec"] in specs]
     appended = 0
     for cell in todo:
         lengths = {L: n for L, n in variants(cell["dataset"], names).items() if max_length is None or L <= max_length}

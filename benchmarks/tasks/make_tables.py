@@ -337,8 +337,11 @@ def load_task(sweep_file: Path) -> Task:
     specs = list(dict.fromkeys(c.spec_label for c in sw.cells))
     seeds = {s: len({c.seed for c in sw.cells if c.spec_label == s}) for s in specs}
     axes = list(dict.fromkeys(a for c in sw.cells for a in c.axes))
-    rows = sorted(latest(sw.results).values(), key=lambda r: r["key"])
-    ext = sorted(latest(extrapolation_path(sw.results)).values(), key=lambda r: r["key"])
+    keep = {c.key: c.config_hash for c in sw.cells}  # as zoo sweep --report: only the file's cells as they are now
+    rows = sorted((r for r in latest(sw.results).values() if keep.get(r.get("key", "")) == r.get("config_hash")),
+                  key=lambda r: r["key"])
+    ok = {r["key"] for r in rows}
+    ext = sorted((r for r in latest(extrapolation_path(sw.results)).values() if r.get("cell") in ok), key=lambda r: r["key"])
     return Task(sw.name, _rel(sweep_file.resolve(), ROOT), specs, seeds, len(sw.cells), rows, ext, axes)
 
 
