@@ -95,7 +95,7 @@ def test_run_is_resumable(tmp_path: Path) -> None:
     assert all(json.loads(x)["status"] == "ok" and json.loads(x)["sequences"] == 3 for x in lines)
     assert ex.run_results(results, tmp_path / "runs", out, **kw) == 0  # all done: nothing again
     other = tmp_path / "other.jsonl"  # a row made with other settings than the sweep file's now: not scored
-    assert ex.run_results(results, tmp_path / "runs", other, **kw, keep={row["key"]: "another-hash"}) == 0
+    assert ex.run_results(results, tmp_path / "runs", other, **kw, keep={str(row["key"]): "another-hash"}) == 0
     out.write_text(lines[0] + "\n")  # one length lost (a kill): only it runs again
     assert ex.run_results(results, tmp_path / "runs", out, **kw) == 1
     assert json.loads(out.read_text().splitlines()[1])["key"].endswith("@L128")
