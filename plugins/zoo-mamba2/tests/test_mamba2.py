@@ -178,19 +178,8 @@ def test_right_padded_prefill_keeps_each_sample_state_whatever_the_padding_holds
 def test_packed_float32_at_length_300_equals_each_document_alone(backend):
     """Eight documents in two rows of 300 steps, chunks of 64: lengths 1, documents crossing one and
     several chunk boundaries, one starting exactly on a boundary (128), padding at the end."""
-    from zoo_core.packing import Segments, by_documents, run_packed
+    from zoo_core.testing.packed import assert_matches_solo, layout
 
-    lens = [[1, 127, 70, 2, 100], [64, 1, 200, 30]]
-    seq = torch.full((2, 300), -1)
-    for b, ls in enumerate(lens):
-        seq[b, : sum(ls)] = torch.repeat_interleave(torch.arange(len(ls)), torch.tensor(ls))
-    seg = Segments.from_seq_idx(seq)
-    core = _packed_core(backend, dtype=torch.float32, chunk_size=64)
-    x = torch.randn(2, 300, 6)
     with torch.no_grad():
-        y, states = run_packed(core, x, seg, with_states=True)
-        y_ref, ref = by_documents(core, x, seg)
-    valid = seg.valid
-    torch.testing.assert_close(y[valid], y_ref[valid], rtol=1e-4, atol=1e-5)
-    for k in ("conv", "ssm"):
-        torch.testing.assert_close(states[k], ref[k], rtol=1e-4, atol=1e-5)
+        assert_matches_solo(_packed_core(backend, dtype=torch.float32, chunk_size=64), torch.randn(2, 300, 6),
+                            layout([[1, 127, 70, 2, 100], [64, 1, 200, 30]], 300), rtol=1e-4, atol=1e-5)

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zoo_core.packing import Segments, by_documents, run_packed
-from zoo_core.testing.packed import assert_padded_prefill
+from zoo_core.packing import Segments
+from zoo_core.testing.packed import assert_matches_solo, assert_padded_prefill
 from zoo_mamba3.core import Mamba3
 from zoo_mamba3.scan import trap_scan_chunked, trap_scan_sequential
 
@@ -154,17 +154,9 @@ def test_right_padded_prefill_keeps_each_sample_state_whatever_the_padding_holds
 def test_packed_float32_at_length_300_equals_each_document_alone(backend):
     """Nine documents in two rows of 300 steps, chunks of 64: lengths 1, documents crossing one and
     several chunk boundaries, one starting exactly on a boundary (128), padding at the end."""
-    lens = [[1, 127, 70, 2, 100], [64, 1, 200, 30]]
-    seg = _segments(lens, 300)
-    core = _core(backend, dtype=torch.float32, chunk_size=64)
-    x = torch.randn(2, 300, 6)
     with torch.no_grad():
-        y, states = run_packed(core, x, seg, with_states=True)
-        y_ref, ref = by_documents(core, x, seg)
-    valid = seg.valid
-    torch.testing.assert_close(y[valid], y_ref[valid], rtol=1e-4, atol=1e-5)
-    for k in ref:
-        torch.testing.assert_close(states[k], ref[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+        assert_matches_solo(_core(backend, dtype=torch.float32, chunk_size=64), torch.randn(2, 300, 6),
+                            _segments([[1, 127, 70, 2, 100], [64, 1, 200, 30]], 300), rtol=1e-4, atol=1e-5)
 
 
 def test_the_angle_restarts_per_document_exactly_after_a_long_prefix():
