@@ -42,6 +42,14 @@ def test_list_filters_and_json(capsys):
     assert names == {"kernel:naive", "kernel:vandermonde", "kernel:cauchy", "kernel:keops", "conv:naive", "conv:fft", "scan:naive", "scan:scan", "scan:chunked"}
 
 
+def test_list_keeps_long_names_apart_from_their_descriptions(capsys):
+    assert main(["list", "--kind", "datasets", "induction-heads-short-L*"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  ")]
+    assert lines and all(ln.split()[0].startswith("induction-heads-short-L") for ln in lines)
+    assert all(ln[2:].split("  ")[0] == ln.split()[0] for ln in lines)  # two spaces after every name
+    assert len({ln.index(ln.split()[1]) for ln in lines}) == 1  # one description column
+
+
 def test_info_on_each_kind(capsys):
     for name, kind in [("s4d", "core"), ("s4d-tiny", "preset"), ("vandermonde", "backend"), ("zoh", "discretizer"), ("periodic", "stacking policy")]:
         assert main(["info", name, "--json"]) == 0

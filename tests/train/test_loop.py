@@ -72,6 +72,16 @@ def test_early_stopping_ties_and_best_point(tmp_path, synth_registry):
     assert run["best_epoch"] == 3  # ties take the later checkpoint, as the seed's code
 
 
+def test_stop_at_ends_a_run_once_validation_reaches_it(tmp_path, synth_registry):
+    reached = train(_spec(tmp_path, stop_at=0.0, epochs=4), output=tmp_path / "s", registry=synth_registry, progress=QUIET)
+    run = reached["seeds"][0]["runs"][0]
+    assert run["epochs_run"] == 1 and run["best_epoch"] == 1  # any accuracy reaches 0.0
+    never = train(_spec(tmp_path, stop_at=1.01, epochs=2), output=tmp_path / "n", registry=synth_registry, progress=QUIET)
+    assert never["seeds"][0]["runs"][0]["epochs_run"] == 2  # an accuracy never reaches 1.01
+    from zoo_core.spec.training import TrainingSpec
+    assert "stop_at" not in TrainingSpec().model_dump() and TrainingSpec(stop_at=1.0).model_dump()["stop_at"] == 1.0
+
+
 def test_lr_grid_picks_on_validation_and_metrics_json(tmp_path, synth_registry):
     m = train(_spec(tmp_path, lr=[1e-2, 1e-6], epochs=2, seeds=[2345, 3456]), output=tmp_path / "g",
               registry=synth_registry, progress=QUIET, command=["zoo", "train"])

@@ -44,7 +44,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {
         "dataset": args.dataset, "protocol": args.protocol, "lr": lr, "seeds": args.seeds, "epochs": args.epochs,
         "batch_size": args.batch_size, "early_stop": args.early_stop, "loss": args.loss, "normalize": args.normalize,
-        "pack": True if args.pack else None,
+        "pack": True if args.pack else None, "stop_at": args.stop_at,
     }
     output = args.output or str(Path("runs") / f"{Path(args.spec).stem}-{args.dataset or 'run'}")
     progress = Progress(quiet=args.quiet, bar=False if args.plain else None)
@@ -99,6 +99,8 @@ def register_cli(sub: Any) -> None:
     s.add_argument("--epochs", type=int)
     s.add_argument("--batch-size", type=int, help="the global batch")
     s.add_argument("--early-stop", type=int, help="patience in epochs")
+    s.add_argument("--stop-at", type=float, metavar="VALUE",
+                   help="also stop once the validation metric reaches VALUE (e.g. 1.0 accuracy)")
     s.add_argument("--loss", choices=("final", "blockwise"))
     s.add_argument("--normalize", choices=("none", "zscore"))
     s.add_argument("--pack", action="store_true",

@@ -66,10 +66,11 @@ def cmd_list(args: argparse.Namespace) -> int:
         if not rows:
             continue
         print(f"{kind.replace('_', ' ')}:")
+        width = max(24, *(len(r["name"]) + 2 for r in rows))  # a long name never runs into its description
         for r in rows:
             extra = f"  [{r['provider']}]" if kind != "presets" else f"  {r['params']}"
             note = "" if r.get("available", True) else "  (unavailable)"
-            print(f"  {r['name']:<24}{r.get('description', '')[:70]}{note}{extra}")
+            print(f"  {r['name']:<{width}}{r.get('description', '')[:70]}{note}{extra}")
     return 0
 
 

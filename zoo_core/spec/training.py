@@ -43,6 +43,9 @@ class TrainingSpec(BaseModel):
     seed: int = Field(0, ge=0, description="the seed of a single run (ignored when seeds is set)")
     seeds: list[int] | None = Field(None, description=f"one run per seed; the paper's: {list(PAPER_SEEDS)}")
     early_stop: int | None = Field(None, gt=0, description="stop after this many epochs without a better validation score")
+    stop_at: float | None = Field(
+        None, description="also stop once the validation metric reaches this value (e.g. 1.0 accuracy: a solved "
+        "synthetic task has nothing left to select on); off by default")
     metric: Literal["auto", "accuracy", "loss"] = Field(
         "auto", description="what validation selects on: auto = accuracy for classification, loss otherwise"
     )
@@ -78,11 +81,14 @@ class TrainingSpec(BaseModel):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """``pack`` is written only when on: a run, a fingerprint or a saved model's spec from before the
-        option existed reads exactly as it did (``--resume`` keeps working, pinned configs stay equal)."""
+        """``pack`` and ``stop_at`` are written only when set: a run, a fingerprint or a saved model's spec
+        from before the options existed reads exactly as it did (``--resume`` keeps working, pinned configs
+        stay equal)."""
         out: dict[str, Any] = handler(self)
         if not self.pack:
             out.pop("pack", None)
+        if self.stop_at is None:
+            out.pop("stop_at", None)
         return out
 
     def lr_grid(self) -> list[float]:

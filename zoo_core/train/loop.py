@@ -260,6 +260,8 @@ def fit(model: nn.Module, train: SplitData, val: SplitData, test: SplitData, ctx
         state["since_best"] = 0 if strict else state["since_best"] + 1
         if cfg.early_stop is not None and state["since_best"] >= cfg.early_stop:
             state["finished"] = True
+        if cfg.stop_at is not None and _better(record[f"val_{metric}"], cfg.stop_at, metric)[0]:
+            state["finished"] = True  # reached the target: later epochs could at best tie it
         if epoch == cfg.epochs:
             state["finished"] = True
         # a new best/ is always followed by its checkpoint, so a resumed run never lags behind best/

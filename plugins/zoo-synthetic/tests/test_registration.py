@@ -42,6 +42,12 @@ def test_length_variants_share_the_base_training_split():
     registered = set(get_registry().datasets)
     assert {f"induction-heads-L{length}" for length in plugin.IH_TESTS if length != 256} <= registered
     assert {f"selective-copying-L{length}" for length in plugin.SC_TESTS if length != 256} <= registered
+    assert {f"induction-heads-short-L{length}" for length in plugin.IH_SHORT_TESTS if length != 64} <= registered
+    assert {f"selective-copying-short-L{length}" for length in plugin.SC_SHORT_TESTS if length != 64} <= registered
+    assert {"induction-heads-short", "selective-copying-short"} <= registered
+    short, short_long = get_dataset("selective-copying-short"), get_dataset("selective-copying-short-L512")
+    assert np.array_equal(short.load("val").X, short_long.load("val").X) and short.load("val").X.shape[1] == 64
+    assert short_long.load("test").X.shape[1] == 512 and len(short.load("train")) == 16000
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)

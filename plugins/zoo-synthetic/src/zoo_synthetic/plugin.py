@@ -46,6 +46,12 @@ SC_TRAIN = {"train": [256, 4000], "val": [256, 500]}
 SC_TESTS = {256: 500, 512: 500, 1024: 250, 2048: 128, 4096: 64}
 IH_TRAIN = {"train": [256, 4000], "val": [256, 500]}
 IH_TESTS = {2**k: min(500, max(64, 2**19 // 2**k)) for k in range(6, 17)}  # 64 .. 65,536 steps
+# The CPU-scale protocol (``-short``): train at length 64 on 4x more sequences, so a 2-core machine
+# gives each model ~10x the updates of the paper-length variants in the same time; test at 64 .. 65,536.
+SC_SHORT_TRAIN = {"train": [64, 16000], "val": [64, 500]}
+SC_SHORT_TESTS = {2**k: 500 if k <= 8 else SC_TESTS.get(2**k, 64) for k in range(6, 13)}  # 64 .. 4,096
+IH_SHORT_TRAIN = {"train": [64, 16000], "val": [64, 500]}
+IH_SHORT_TESTS = IH_TESTS
 
 
 def _settings(settings: list[list[int]]) -> str:
@@ -79,15 +85,24 @@ def zoo_register_datasets(register: RegisterSimple) -> None:
     for length, count in IH_TESTS.items():
         _register_lengths(register, "induction-heads", "zoo_synthetic.induction_heads:load", IH_TRAIN, length, count,
                           {"vocab_size": 16}, "Induction heads (Mamba §4.1.2): recall the token after the special token; vocab 16")
+    for length, count in SC_SHORT_TESTS.items():
+        _register_lengths(register, "selective-copying-short", "zoo_synthetic.selective_copying:load", SC_SHORT_TRAIN,
+                          length, count, {"num_tokens": 16, "vocab_size": 16},
+                          "Selective copying (Mamba §4.1.1) at CPU scale: 16 data tokens among noise, copied in order "
+                          "at 16 markers; vocab 16", card="selective-copying")
+    for length, count in IH_SHORT_TESTS.items():
+        _register_lengths(register, "induction-heads-short", "zoo_synthetic.induction_heads:load", IH_SHORT_TRAIN, length,
+                          count, {"vocab_size": 16}, "Induction heads (Mamba §4.1.2) at CPU scale: recall the token after "
+                          "the special token; vocab 16", card="induction-heads")
 
 
 def _register_lengths(register: RegisterSimple, base: str, loader: str, train: dict[str, list[int]], length: int, count: int,
-                      params: dict[str, Any], what: str) -> None:
+                      params: dict[str, Any], what: str, card: str | None = None) -> None:
     """One length variant: the shared train/val at the training length, its own test split at ``length``."""
     train_length = train["train"][0]
     splits = {**train, "test": [length, count]}
     register(_variant(base, length, train_length), loader, task="lm", vocab_size=params["vocab_size"],
              length=max(length, train_length), sizes={s: c for s, (_, c) in splits.items()},
              description=f"{what}; train/val at length {train_length}, test at {length}",
-             source=f"generated (zoo-synthetic); card {CARDS.format(name=base)}",
+             source=f"generated (zoo-synthetic); card {CARDS.format(name=card or base)}",
              params={"splits": splits, **params, "seed": 0})
