@@ -19,7 +19,8 @@ B̄ = Δ·B as all the reference code computes (not the paper's zero-order hold)
 transformers' MambaMixer, so transformers and mamba_ssm checkpoints convert by renaming
 (`zoo convert`). MambaSL's switches make Δ, B or C time-invariant and drop D (preset `mambasl`).
 Backends: selective-naive (the loop, the reference), selective-chunked (`scan`: chunked, recomputing
-backward, CPU-fast), selective-cuda (`cuda`: mamba-ssm's fused kernel on GPUs, when installed)."""
+backward, CPU-fast), selective-cuda (`cuda`: mamba-ssm's fused kernel on GPUs, when installed),
+selective-triton (`triton`: Triton kernels on GPUs, every feature, after a run-time check; pip install zoo-mamba[triton])."""
 
 PRESETS = {
     "tiny": {"d_state": 3, "d_conv": 3, "expand": 2},  # odd sizes for tests
@@ -48,6 +49,19 @@ def _cuda(p: Problem) -> str | None:
     return reason
 
 
+def _triton(p: Problem) -> str | None:
+    reason = _selective(p)
+    if reason is None and p.device != "cuda":
+        reason = f"the Triton kernels run on CUDA tensors only, not {p.device!r}"
+    if reason is None:
+        try:
+            from .triton_scan import triton_runtime_reason  # imports torch and triton: only when asked
+        except Exception as exc:  # an installed but broken triton raises anything
+            return f"triton does not import ({type(exc).__name__}: {exc}); pip install 'zoo-mamba[triton]'"
+        reason = triton_runtime_reason()
+    return reason
+
+
 @hookimpl
 def zoo_register_cores(register: RegisterCore) -> None:
     register("mamba", "zoo_mamba.core:Mamba", params=MambaParams, presets=PRESETS, card=CARD)
@@ -64,6 +78,12 @@ def zoo_register_backends(register: RegisterBackend) -> None:
              requires=("mamba_ssm",), aliases=("cuda",),
              description="Mamba's selective scan by mamba-ssm's fused CUDA kernel (GPU tensors, after a run-time "
                          "check); optional: pip install mamba-ssm; spec name 'cuda'")
+    # Below mamba-ssm's kernel (20): where that one is installed and passes its check it stays auto's choice
+    # until gpu_check.py's figures say otherwise; above the C++ CPU (15) and chunked (10) paths.
+    register("selective-triton", "scan", "zoo_mamba.triton_scan:selective_scan_triton", priority=18, supports=_triton,
+             requires=("triton",), aliases=("triton",),
+             description="Mamba's selective scan by Triton kernels (CUDA tensors, after a run-time check; h0, final-state "
+                         "gradient and packed documents included); optional: pip install zoo-mamba[triton]; spec name 'triton'")
 
 
 @hookimpl
