@@ -20,7 +20,8 @@ transformers' MambaMixer, so transformers and mamba_ssm checkpoints convert by r
 (`zoo convert`). MambaSL's switches make Δ, B or C time-invariant and drop D (preset `mambasl`).
 Backends: selective-naive (the loop, the reference), selective-chunked (`scan`: chunked, recomputing
 backward, CPU-fast), selective-cuda (`cuda`: mamba-ssm's fused kernel on GPUs, when installed),
-selective-triton (`triton`: Triton kernels on GPUs, every feature, after a run-time check; pip install zoo-mamba[triton])."""
+selective-triton (`triton`: Triton kernels on GPUs, every feature, after a run-time check; pip install zoo-mamba[triton]),
+selective-cpu (`cpu`: the zoo's fused C++ kernel on CPUs, every feature, compiled on first use; needs g++ and ninja)."""
 
 PRESETS = {
     "tiny": {"d_state": 3, "d_conv": 3, "expand": 2},  # odd sizes for tests
@@ -62,6 +63,19 @@ def _triton(p: Problem) -> str | None:
     return reason
 
 
+def _cpu(p: Problem) -> str | None:
+    reason = _selective(p)
+    if reason is None and p.device != "cpu":
+        reason = f"the fused C++ kernel runs on CPU tensors only, not {p.device!r}"
+    if reason is None and p.dtype not in ("float32", "float64", "float16", "bfloat16"):
+        reason = f"the fused C++ kernel computes in float32 or float64, not {p.dtype}"
+    if reason is None:
+        from .cpu_kernel import unavailable_reason  # imports torch and builds the kernel once: only when asked
+
+        reason = unavailable_reason()
+    return reason
+
+
 @hookimpl
 def zoo_register_cores(register: RegisterCore) -> None:
     register("mamba", "zoo_mamba.core:Mamba", params=MambaParams, presets=PRESETS, card=CARD)
@@ -78,6 +92,10 @@ def zoo_register_backends(register: RegisterBackend) -> None:
              requires=("mamba_ssm",), aliases=("cuda",),
              description="Mamba's selective scan by mamba-ssm's fused CUDA kernel (GPU tensors, after a run-time "
                          "check); optional: pip install mamba-ssm; spec name 'cuda'")
+    register("selective-cpu", "scan", "zoo_mamba.cpu_kernel:selective_scan_cpu", priority=15, supports=_cpu, aliases=("cpu",),
+             description="Mamba's selective scan by the zoo's fused C++ kernel (CPU tensors; SIMD over channels, one pass "
+                         "per step, backward from chunk-entry states); compiled on first use (g++, pip install ninja); "
+                         "spec name 'cpu'")
     # Below mamba-ssm's kernel (20): where that one is installed and passes its check it stays auto's choice
     # until gpu_check.py's figures say otherwise; above the C++ CPU (15) and chunked (10) paths.
     register("selective-triton", "scan", "zoo_mamba.triton_scan:selective_scan_triton", priority=18, supports=_triton,
