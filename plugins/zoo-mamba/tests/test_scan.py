@@ -184,6 +184,10 @@ def test_chunked_never_holds_a_full_BLDN_tensor():
 
 # backend choice -------------------------------------------------------------------------------
 def test_auto_on_cpu_picks_chunked_and_never_cuda(monkeypatch):
+    # the fused C++ kernel (selective-cpu) outranks chunked when it builds here; pretend it does not
+    from zoo_mamba import cpu_kernel
+
+    monkeypatch.setattr(cpu_kernel, "unavailable_reason", lambda: "no compiler (test)")
     assert Mamba(4).backend_choice.label() == "selective: scan=selective-chunked"
     # Even with mamba_ssm "installed" and its run-time check passing, a CPU problem refuses it.
     import importlib.util
