@@ -134,6 +134,11 @@ def special_families() -> list[Family]:
                               floors=lambda s, c=core: {"read b, write h": 2 * s["B"] * s["L"] * STATE_BYTES[c]},
                               doc=f"the scan op alone on exactly what a {core} layer scans"))
     if "mamba" in cores:
+        out.append(Family("mamba/selective-scan", "scanop", "REPORT_MAMBA.md", peers.mamba_scan_ops, lengths=(4096,),
+                          sizes={"B": 8, "H": 128, "N": 16}, memory=False, peer="scan=selective-chunked",
+                          check=lambda f: {"errors": {}, "note": "held to the naive loop by the backends' own tests"},
+                          floors=lambda s: {"one (B, L, Di, N) f32": s["B"] * s["L"] * s["H"] * s["N"] * 4},
+                          doc="Mamba's selective scan op alone (H = Di), every CPU backend beside the exp floor"))
         out.append(Family("mamba/generate", "generate", "REPORT_MAMBA.md", peers.mamba_generate, lengths=(256,),
                           sizes={"H": 256, "N": 16}, batches=(1, 8), modes=("fwd",), memory=False,
                           check=peers.check_generate, reference="transformers generate", peer="transformers generate",

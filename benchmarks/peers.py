@@ -286,6 +286,63 @@ def _scan_call(fn: Callable[..., Any], a: Tensor, b: Tensor, structure: str, mod
 
 
 # ---------------------------------------------------------------------------------------
+# Mamba's selective scan op alone, beside the exp floor
+# ---------------------------------------------------------------------------------------
+SELECTIVE_NAIVE_MAX_L = 1024  # the naive loop: forward only, L ≤ this (autograd keeps every step)
+
+
+def mamba_scan_ops() -> list[Impl]:
+    """Every registered selective-scan backend serving a CPU problem (chunked, the fused C++ kernel,
+    the naive loop at short L), on input-dependent B, C, with D and no h0, at (B, L, Di = H, N); and
+    the floor that bounds any of them: ``torch.exp`` over one (B, L, Di, N) float32 tensor (the
+    scan evaluates exactly that many exps)."""
+    def inputs(s: Sizes) -> list[Tensor]:
+        g = torch.Generator().manual_seed(0)
+        B, L, Di, N = s["B"], s["L"], s["H"], s["N"]
+        u = torch.randn(B, L, Di, generator=g)
+        delta = torch.nn.functional.softplus(torch.randn(B, L, Di, generator=g) - 4)  # Mamba's dt init range
+        A = -torch.arange(1, N + 1, dtype=torch.float32).repeat(Di, 1)  # S4D-real, as Mamba initialises A
+        return [u, delta, A, torch.randn(B, L, N, generator=g), torch.randn(B, L, N, generator=g), torch.ones(Di)]
+
+    def build_for(entry: Any) -> Callable[[Sizes, str], Built]:
+        def build(s: Sizes, mode: str) -> Built:
+            fn, args = entry.load(), inputs(s)
+            g = torch.randn(args[0].shape, generator=torch.Generator().manual_seed(4))
+
+            def run() -> Tensor:
+                return fn(*args)[0]
+
+            def fwdbwd() -> None:
+                for a in args:
+                    a.grad = None
+                run().backward(g)
+
+            if mode == "fwdbwd":
+                for a in args:
+                    a.requires_grad_(True)
+            return Built(_no_grad(run) if mode == "fwd" else fwdbwd)
+        return build
+
+    def naive_skip(s: Sizes, mode: str) -> str | None:
+        if mode != "fwd" or s["L"] > SELECTIVE_NAIVE_MAX_L:
+            return f"python loop over L under autograd: timed for forward at L ≤ {SELECTIVE_NAIVE_MAX_L} only"
+        return None
+
+    def exp_floor(s: Sizes, mode: str) -> Built:
+        X = torch.randn(s["B"] * s["L"] * s["H"] * s["N"], generator=torch.Generator().manual_seed(0))
+        out = torch.empty_like(X)
+
+        def call() -> None:
+            torch.exp(X, out=out)
+        return Built(call)
+
+    out = [Impl(f"scan={n}", build_for(e), agrees=False, skip=naive_skip if n == "selective-naive" else None)
+           for n, e in op_backends("mamba", "scan")]
+    return out + [Impl("exp floor: torch.exp over (B, L, Di, N) f32", exp_floor, agrees=False, origin="peer",
+                       skip=lambda s, m: None if m == "fwd" else "a floor for the forward: one exp per (b, t, d, n)")]
+
+
+# ---------------------------------------------------------------------------------------
 # Mamba: transformers' slow path, mambapy, generation
 # ---------------------------------------------------------------------------------------
 def mamba_peers() -> list[Impl]:
