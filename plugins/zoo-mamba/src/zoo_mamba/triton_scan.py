@@ -48,7 +48,7 @@ CHUNK = 64  # T: steps per stored entering state; the backward's scratch holds T
 # ---------------------------------------------------------------------------------------------
 # kernels
 @triton.jit
-def _fwd_kernel(
+def _fwd_kernel(  # type: ignore[no-untyped-def]  # Triton reads a kernel's annotations itself
     u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, h0_ptr, keep_ptr, slot_ptr,  # inputs
     y_ptr, last_ptr, enter_ptr,  # outputs
     L, Di, N,
@@ -103,7 +103,7 @@ def _fwd_kernel(
 
 
 @triton.jit
-def _bwd_kernel(
+def _bwd_kernel(  # type: ignore[no-untyped-def]  # Triton reads a kernel's annotations itself
     u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, keep_ptr, slot_ptr, gy_ptr, glast_ptr, enter_ptr,  # inputs
     scratch_ptr,  # (programs, T+1, BD, BN) work space
     gu_ptr, gdelta_ptr, gA_ptr, gB_ptr, gC_ptr, gh0_ptr,  # outputs (gA, static gB/gC: per batch row)
