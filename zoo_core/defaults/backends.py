@@ -38,6 +38,22 @@ def _kernel(*allowed: str) -> Supports:
     return lambda p: _lti_only(p) or structures(p)
 
 
+def _triton_diag(p: Problem) -> str | None:
+    """Diagonal systems on CUDA tensors, once the kernel has passed a run-time check (cached per process).
+
+    The device is checked first: Mamba's Triton kernel shares the spec name ``triton``, and on a CPU the
+    reason a user reads (from whichever of the two comes first) is then the true one for either core."""
+    reason = None if p.device == "cuda" else f"the Triton kernels run on CUDA tensors only, not {p.device!r}"
+    reason = reason or _structures("diag")(p)
+    if reason is None:
+        try:
+            from ..kernels.triton_diag import triton_runtime_reason  # lazy: keeps torch and triton out of backends
+        except Exception as exc:  # an installed but broken triton raises anything
+            return f"triton does not import ({type(exc).__name__}: {exc}); pip install triton"
+        reason = triton_runtime_reason()
+    return reason
+
+
 def _keops_supports(p: Problem) -> str | None:
     """DPLR only, and only once pykeops has passed a run-time check (cached per process).
 
@@ -83,3 +99,7 @@ def zoo_register_backends(register: RegisterBackend) -> None:
     register("scan", "scan", "zoo_core.kernels.scan:scan_parallel", priority=10, device_priority={"cpu": -1},
              supports=_structures("diag", "block2x2"),
              description="parallel: chunked log-depth (Hillis–Steele within chunks, recursive over chunk carries)")
+    register("triton-diag", "scan", "zoo_core.kernels.triton_diag:scan_triton", priority=20, supports=_triton_diag,
+             requires=("triton",), aliases=("triton",),
+             description="diagonal systems, real or complex, by a Triton kernel (CUDA tensors, after a run-time check); "
+                         "optional: pip install triton; spec name 'triton'")

@@ -51,9 +51,9 @@ def _cuda(p: Problem) -> str | None:
 
 
 def _triton(p: Problem) -> str | None:
-    reason = _selective(p)
-    if reason is None and p.device != "cuda":
-        reason = f"the Triton kernels run on CUDA tensors only, not {p.device!r}"
+    # the device first: zoo-core's diagonal Triton scan shares the spec name 'triton' (see its _triton_diag)
+    reason = None if p.device == "cuda" else f"the Triton kernels run on CUDA tensors only, not {p.device!r}"
+    reason = reason or _selective(p)
     if reason is None:
         try:
             from .triton_scan import triton_runtime_reason  # imports torch and triton: only when asked
