@@ -1,5 +1,6 @@
-"""The GPU check of issue 16: kernel tests on CUDA, a Mamba model through the Triton backend, and the
-Triton selective scan timed against the chunked PyTorch path (and mamba-ssm where it imports).
+"""The GPU check of issue 16: kernel tests on CUDA, a Mamba model through the Triton backend, the
+Triton selective scan timed against the chunked PyTorch path (and mamba-ssm where it imports), and the
+Triton diagonal scan against the parallel PyTorch scan.
 
 Run through ``benchmarks/gpu_check.sh`` on a machine with a GPU (it installs the project first and
 says how to call it with the device tool); ``python benchmarks/gpu_check.py --dry-run`` runs the whole
@@ -29,6 +30,8 @@ if "--dry-run" in sys.argv:  # Triton reads it when the kernels are decorated: b
 
 SIZES = [(8, 4096, 128, 16), (16, 8192, 1536, 16)]  # (Bt, L, Di, N): issue 16's target, then a larger layer
 DRY_SIZES = [(1, 16, 4, 4)]
+DIAG_SIZES = [(32, 4096, 64, 64)]  # (B, L, H, N): issue 16's target for the other scans
+DRY_DIAG_SIZES = [(1, 8, 2, 3)]
 
 
 class Report:
@@ -202,11 +205,63 @@ def bench(device: str, sizes: list[tuple[int, int, int, int]], repeats: int, dea
     return rows
 
 
+def bench_diag(device: str, sizes: list[tuple[int, int, int, int]], repeats: int, deadline: float) -> list[dict[str, Any]]:
+    """The diagonal scan (zoo-core's op ``scan``), real float32 and complex64, time-varying a: the Triton
+    kernel against the parallel PyTorch scan (``scan``, auto's choice on GPUs before it) at (B, L, H, N)."""
+    import torch
+
+    from zoo_core.kernels.scan import scan_parallel
+    from zoo_core.kernels.triton_diag import scan_triton
+
+    impls: dict[str, Callable[..., Any]] = {"triton-diag": scan_triton, "parallel": scan_parallel}
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    rows: list[dict[str, Any]] = []
+    for bt, L, h, n in sizes:
+        for dtype in (torch.float32, torch.complex64):
+            size = {"B": bt, "L": L, "H": h, "N": n, "dtype": str(dtype).replace("torch.", "")}
+            if time.perf_counter() > deadline:
+                rows.append({**size, "skipped": "past the time budget"})
+                continue
+            g = torch.Generator(device=device).manual_seed(0)
+            mag = torch.rand(bt, L, h, n, device=device, generator=g) * 0.2 + 0.79
+            a = mag if not dtype.is_complex else torch.polar(mag, torch.rand(bt, L, h, n, device=device, generator=g))
+            b = torch.randn(bt, L, h, n, device=device, generator=g, dtype=dtype)
+            results: dict[str, Any] = {}
+            for name, fn in impls.items():
+                if time.perf_counter() > deadline:
+                    results[name] = {"skipped": "past the time budget"}
+                    continue
+                leaves = [a.clone().requires_grad_(), b.clone().requires_grad_()]
+
+                def fwd(fn: Callable[..., Any] = fn, ab: tuple[Any, Any] = (a, b)) -> Any:
+                    with torch.no_grad():
+                        return fn(*ab)
+
+                def fwd_bwd(fn: Callable[..., Any] = fn, leaves: list[Any] = leaves) -> Any:
+                    h_all, h_last = fn(*leaves)
+                    return torch.autograd.grad(h_all.real.sum() + h_last.real.sum(), leaves)
+
+                try:
+                    if device == "cuda":
+                        torch.cuda.reset_peak_memory_stats()
+                    results[name] = {"fwd_ms": timeit(fwd, sync, repeats), "fwd_bwd_ms": timeit(fwd_bwd, sync, repeats)}
+                    if device == "cuda":
+                        results[name]["peak_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+                except Exception as exc:
+                    results[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            t, p = results.get("triton-diag", {}), results.get("parallel", {})
+            if "fwd_ms" in t and "fwd_ms" in p:
+                results["speedup_vs_parallel"] = {"fwd": round(p["fwd_ms"] / t["fwd_ms"], 3),
+                                                  "fwd_bwd": round(p["fwd_bwd_ms"] / t["fwd_bwd_ms"], 3)}
+            rows.append({**size, **results})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dry-run", action="store_true", help="CPU, Triton's interpreter, tiny sizes: the flow, not the figures")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default $OUT/gpu_check.json or benchmarks/results/gpu_check.json)")
-    p.add_argument("--budget-s", type=float, default=420.0, help="skip phases that would start after this many seconds")
+    p.add_argument("--budget-s", type=float, default=360.0, help="skip phases that would start after this many seconds")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--skip-tests", action="store_true")
     a = p.parse_args(argv)
@@ -224,9 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     if not a.skip_tests:
         mamba_tests = "plugins/zoo-mamba/tests"
         if a.dry_run:  # the flow only: the in-process checks of the Triton tests (the interpreted cases are CI's)
-            report.put("kernel_tests", pytest_phase([f"{mamba_tests}/test_triton_scan.py", "-k", "backend or probe"], 300))
+            report.put("kernel_tests", pytest_phase([f"{mamba_tests}/test_triton_scan.py", "tests/kernels/test_triton_diag.py",
+                                                     "-k", "backend or probe or auto"], 300))
         else:  # the reference cases compiled on the GPU (the interpreted run is CI's), then the conformance suite
-            report.put("kernel_tests", pytest_phase([f"{mamba_tests}/test_triton_scan.py", "-k", "not cpu-interpreted"], 240))
+            report.put("kernel_tests", pytest_phase([f"{mamba_tests}/test_triton_scan.py", "tests/kernels/test_triton_diag.py",
+                                                     "-k", "not cpu-interpreted"], 240))
             report.put("mamba_plugin_tests", pytest_phase([f"{mamba_tests}/test_mamba_conformance.py", f"{mamba_tests}/test_scan.py",
                                                            "-x"], max(30.0, deadline - time.perf_counter() - 150)))
     try:
@@ -234,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         report.put("model_check", {"error": f"{type(exc).__name__}: {exc}"[:1000]})
     report.put("bench", bench(device, DRY_SIZES if a.dry_run else SIZES, 1 if a.dry_run else a.repeats, deadline))
+    report.put("bench_diag", bench_diag(device, DRY_DIAG_SIZES if a.dry_run else DIAG_SIZES, 1 if a.dry_run else 3, deadline))
     report.put("seconds", round(time.perf_counter() - t_start, 1))
     print(f"[gpu_check] wrote {out}")
     return 0

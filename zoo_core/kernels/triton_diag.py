@@ -22,6 +22,7 @@ this module is first imported runs the kernel on CPU tensors (``tests/kernels/te
 
 import functools
 import math
+from typing import Any
 
 import torch
 import triton
@@ -32,11 +33,11 @@ from .scan import _prepare, check_reset, scan_naive
 
 
 @triton.jit
-def _diag_kernel(  # type: ignore[no-untyped-def]  # Triton reads a kernel's annotations itself
-    a_ptr, b_ptr, h0_ptr, keep_ptr, out_ptr, last_ptr,
-    L, S, sa_b, sa_l, sa_s, sb_b, sb_l, sb_s,
+def _diag_kernel(  # every argument Any (Triton ignores that annotation); constexprs as Triton reads them
+    a_ptr: Any, b_ptr: Any, h0_ptr: Any, keep_ptr: Any, out_ptr: Any, last_ptr: Any,
+    L: Any, S: Any, sa_b: Any, sa_l: Any, sa_s: Any, sb_b: Any, sb_l: Any, sb_s: Any,
     REVERSE: tl.constexpr, IS_COMPLEX: tl.constexpr, W: tl.constexpr, HAS_KEEP: tl.constexpr, BLOCK_S: tl.constexpr,
-):
+) -> None:
     # W: real values per element in h0, out and last (contiguous): 2 for complex, else 1
     pb = tl.program_id(0)
     s = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -133,16 +134,16 @@ def _(a: Tensor, g_all: Tensor, g_last: Tensor | None, keep: Tensor | None, bloc
     return torch.empty_like(g_all, memory_format=torch.contiguous_format), g_all.new_empty((g_all.shape[0], *g_all.shape[2:]))
 
 
-def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple[object, ...], output: tuple[Tensor, Tensor]) -> None:
+def _setup_context(ctx: Any, inputs: tuple[object, ...], output: tuple[Tensor, Tensor]) -> None:
     a, _b, h0, keep, block_s = inputs
-    ctx.save_for_backward(a, h0, keep, output[0])  # type: ignore[arg-type]
-    ctx.block_s = block_s  # type: ignore[attr-defined]
+    ctx.save_for_backward(a, h0, keep, output[0])
+    ctx.block_s = block_s
 
 
-def _backward(ctx: torch.autograd.function.FunctionCtx, g_all: Tensor | None, g_last: Tensor | None) -> tuple[Tensor | None, ...]:
-    a, h0, keep, h_all = ctx.saved_tensors  # type: ignore[attr-defined]
+def _backward(ctx: Any, g_all: Tensor | None, g_last: Tensor | None) -> tuple[Tensor | None, ...]:
+    a, h0, keep, h_all = ctx.saved_tensors
     g = torch.zeros_like(h_all) if g_all is None else g_all.contiguous()
-    lam, g_h0 = _scan_bwd(a, g, None if g_last is None else g_last.contiguous(), keep, ctx.block_s)  # type: ignore[attr-defined]
+    lam, g_h0 = _scan_bwd(a, g, None if g_last is None else g_last.contiguous(), keep, ctx.block_s)
     first = torch.zeros_like(h_all[:, :1]) if h0 is None else h0[:, None]
     h_prev = torch.cat([first, h_all[:, :-1]], 1)  # (B, L, *S)
     g_a = lam * h_prev.conj()

@@ -34,6 +34,7 @@ kernels on CPU tensors (slowly); that is how CI tests them (``tests/test_triton_
 
 import functools
 import math
+from typing import Any
 
 import torch
 import triton
@@ -48,13 +49,13 @@ CHUNK = 64  # T: steps per stored entering state; the backward's scratch holds T
 # ---------------------------------------------------------------------------------------------
 # kernels
 @triton.jit
-def _fwd_kernel(  # type: ignore[no-untyped-def]  # Triton reads a kernel's annotations itself
-    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, h0_ptr, keep_ptr, slot_ptr,  # inputs
-    y_ptr, last_ptr, enter_ptr,  # outputs
-    L, Di, N,
+def _fwd_kernel(  # every argument Any (Triton ignores that annotation); constexprs as Triton reads them
+    u_ptr: Any, delta_ptr: Any, A_ptr: Any, B_ptr: Any, C_ptr: Any, D_ptr: Any, h0_ptr: Any, keep_ptr: Any, slot_ptr: Any,  # inputs
+    y_ptr: Any, last_ptr: Any, enter_ptr: Any,  # outputs
+    L: Any, Di: Any, N: Any,
     STATIC_B: tl.constexpr, STATIC_C: tl.constexpr, HAS_D: tl.constexpr, HAS_KEEP: tl.constexpr,
     HAS_ENDS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-):
+) -> None:
     b = tl.program_id(0)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BD,)
     n = tl.arange(0, BLOCK_N)  # (BN,)
@@ -103,15 +104,16 @@ def _fwd_kernel(  # type: ignore[no-untyped-def]  # Triton reads a kernel's anno
 
 
 @triton.jit
-def _bwd_kernel(  # type: ignore[no-untyped-def]  # Triton reads a kernel's annotations itself
-    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, keep_ptr, slot_ptr, gy_ptr, glast_ptr, enter_ptr,  # inputs
-    scratch_ptr,  # (programs, T+1, BD, BN) work space
-    gu_ptr, gdelta_ptr, gA_ptr, gB_ptr, gC_ptr, gh0_ptr,  # outputs (gA, static gB/gC: per batch row)
-    L, Di, N,
+def _bwd_kernel(  # every argument Any (Triton ignores that annotation); constexprs as Triton reads them
+    u_ptr: Any, delta_ptr: Any, A_ptr: Any, B_ptr: Any, C_ptr: Any, D_ptr: Any, keep_ptr: Any, slot_ptr: Any,  # inputs
+    gy_ptr: Any, glast_ptr: Any, enter_ptr: Any,  # inputs of the backward
+    scratch_ptr: Any,  # (programs, T+1, BD, BN) work space
+    gu_ptr: Any, gdelta_ptr: Any, gA_ptr: Any, gB_ptr: Any, gC_ptr: Any, gh0_ptr: Any,  # outputs (gA, static gB/gC: per batch row)
+    L: Any, Di: Any, N: Any,
     STATIC_B: tl.constexpr, STATIC_C: tl.constexpr, HAS_D: tl.constexpr, HAS_KEEP: tl.constexpr,
     HAS_ENDS: tl.constexpr, HAS_GLAST: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
-):
+) -> None:
     b = tl.program_id(0)
     pd = tl.program_id(1)
     n_dblocks = tl.num_programs(1)
@@ -309,21 +311,21 @@ def _(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | Non
             u.new_empty(bt, di, A.shape[1]))
 
 
-def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple[object, ...], output: tuple[Tensor, ...]) -> None:
+def _setup_context(ctx: Any, inputs: tuple[object, ...], output: tuple[Tensor, ...]) -> None:
     u, delta, A, B, C, D, h0, keep, slot, _n_ends, chunk, block_d = inputs
-    ctx.save_for_backward(u, delta, A, B, C, D, keep, slot, output[2])  # type: ignore[arg-type]
-    ctx.chunk, ctx.block_d, ctx.has_h0 = chunk, block_d, h0 is not None  # type: ignore[attr-defined]
+    ctx.save_for_backward(u, delta, A, B, C, D, keep, slot, output[2])
+    ctx.chunk, ctx.block_d, ctx.has_h0 = chunk, block_d, h0 is not None
 
 
-def _backward(ctx: torch.autograd.function.FunctionCtx, gy: Tensor | None, glast: Tensor | None,
+def _backward(ctx: Any, gy: Tensor | None, glast: Tensor | None,
               _genter: Tensor | None) -> tuple[Tensor | None, ...]:
-    u, delta, A, B, C, D, keep, slot, enter = ctx.saved_tensors  # type: ignore[attr-defined]
+    u, delta, A, B, C, D, keep, slot, enter = ctx.saved_tensors
     gy_ = torch.zeros_like(u) if gy is None else gy.contiguous()
     gu, gdelta, gA, gB, gC, gh0 = _scan_bwd(u, delta, A, B, C, D, keep, slot, gy_,
                                             None if glast is None else glast.contiguous(), enter,
-                                            ctx.chunk, ctx.block_d)  # type: ignore[attr-defined]
+                                            ctx.chunk, ctx.block_d)
     gD = None if D is None else (gy_ * u).sum((0, 1))
-    return gu, gdelta, gA, gB, gC, gD, gh0 if ctx.has_h0 else None, None, None, None, None, None  # type: ignore[attr-defined]
+    return gu, gdelta, gA, gB, gC, gD, gh0 if ctx.has_h0 else None, None, None, None, None, None
 
 
 _scan_fwd.register_autograd(_backward, setup_context=_setup_context)
