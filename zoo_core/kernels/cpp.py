@@ -140,7 +140,7 @@ def _build(name: str) -> ModuleType:
                                              f"{_first_lines(str(exc))}; build folder {build_dir}") from exc
         finally:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
-    return module  # type: ignore[no-any-return]
+    return module
 
 
 def load(name: str) -> ModuleType:
