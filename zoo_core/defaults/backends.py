@@ -49,7 +49,7 @@ def _triton_diag(p: Problem) -> str | None:
         try:
             from ..kernels.triton_diag import triton_runtime_reason  # lazy: keeps torch and triton out of backends
         except Exception as exc:  # an installed but broken triton raises anything
-            return f"triton does not import ({type(exc).__name__}: {exc}); pip install triton"
+            return f"triton does not import ({type(exc).__name__}: {exc}); pip install 'zoo-core[triton]'"
         reason = triton_runtime_reason()
     return reason
 
@@ -102,4 +102,4 @@ def zoo_register_backends(register: RegisterBackend) -> None:
     register("triton-diag", "scan", "zoo_core.kernels.triton_diag:scan_triton", priority=20, supports=_triton_diag,
              requires=("triton",), aliases=("triton",),
              description="diagonal systems, real or complex, by a Triton kernel (CUDA tensors, after a run-time check); "
-                         "optional: pip install triton; spec name 'triton'")
+                         "optional: pip install 'zoo-core[triton]'; spec name 'triton'")
