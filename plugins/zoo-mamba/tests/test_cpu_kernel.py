@@ -232,6 +232,25 @@ def test_compiles_fullgraph_and_matches_eager(backend):
 
 
 @needs_kernel
+def test_compiles_fullgraph_with_packed_documents():
+    """``ends``: the number of returned states is data-dependent (the fake implementation asks for a
+    dynamic size); it still traces without a graph break, forward and backward."""
+    args = {k: (v.detach().float().requires_grad_() if v is not None else None) for k, v in make(L=13, Di=9, N=4).items()}
+    starts, ends = layout(2, 13)
+
+    def f(u, delta, A, B, C, D, h0, starts, ends):
+        y, h = K.selective_scan_cpu(u, delta, A, B, C, D, h0, starts=starts, ends=ends, chunk=4)
+        return (y * y).sum() + (h * h).sum()
+
+    vals = list(args.values())
+    eager = f(*vals, starts, ends)
+    out = torch.compile(f, fullgraph=True, backend="aot_eager")(*vals, starts, ends)
+    torch.testing.assert_close(out, eager)
+    for a, b in zip(torch.autograd.grad(out, vals), torch.autograd.grad(eager, vals), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@needs_kernel
 @pytest.mark.parametrize("static,packed", [(False, False), (True, False), (False, True)])
 def test_opcheck(static, packed):
     args = make(Bt=2, L=11, Di=6, N=3, static_B=static, static_C=static)
