@@ -256,7 +256,12 @@ def test_opcheck(static, packed):
     args = make(Bt=2, L=11, Di=6, N=3, static_B=static, static_C=static)
     starts, ends = layout(2, 11) if packed else (None, None)
     inputs = (args["u"], args["delta"], args["A"], args["B"], args["C"], args["D"], args["h0"], starts, ends, 4)
-    tests = ("test_schema", "test_autograd_registration", "test_faketensor")
+    tests = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     if packed:  # the number of end states is data-dependent: fake tensors need a dynamic size, which opcheck allows
         tests = ("test_schema", "test_autograd_registration")
     torch.library.opcheck(torch.ops.zoo.selective_scan_fwd.default, inputs, test_utils=tests)
+    if not packed:  # the backward op too: its schema and fake shapes (it has no autograd of its own)
+        plain = [t.detach() if isinstance(t, torch.Tensor) else t for t in inputs]
+        y, h, entering = torch.ops.zoo.selective_scan_fwd(*plain)
+        bwd_inputs = (torch.randn_like(y), torch.randn_like(h), *plain[:9], entering, 4)
+        torch.library.opcheck(torch.ops.zoo.selective_scan_bwd.default, bwd_inputs, test_utils=("test_schema", "test_faketensor"))
