@@ -169,6 +169,9 @@ def adopt_run(tag: str, cell: Path, runs: Path, *, root: Path = ROOT, fresh: boo
         raise PretrainError(f"{cell}: the run is not finished (no seed-*/lr-*/result.json); let the sweep finish it first")
     cell_spec = yaml.safe_load((cell / "spec.yaml").read_text(encoding="utf-8"))
     stored = json.loads((cell / "run.json").read_text(encoding="utf-8"))
+    if stored.get("device") not in (None, "cpu"):
+        print(f"note: {cell} trained on {stored['device']}; the card's `zoo train ... --device cpu` retrains it on a CPU, "
+              "which gives close, not bit-identical, weights", file=sys.stderr)
     try:
         if load_spec(cell_spec, registry=registry).resolved() != stored["fingerprint"]["spec"]:
             raise PretrainError(f"{cell}: its spec.yaml is not the spec its run.json records (trained with overrides?); "
