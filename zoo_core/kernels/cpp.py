@@ -46,7 +46,7 @@ _ISA_FLAGS: dict[str, list[str]] = {
     "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
     "AVX2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
 }
-_BASE_FLAGS = ["-O3", "-std=c++17", "-fno-math-errno"]
+_BASE_FLAGS = ["-O3", "-fno-math-errno"]  # the C++ standard: torch's own (-std=c++20 in torch 2.13)
 
 _LOCK = threading.Lock()
 _LOADED: dict[str, ModuleType] = {}

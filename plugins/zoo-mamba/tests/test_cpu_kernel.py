@@ -193,6 +193,10 @@ def test_loader_reasons_never_raise(monkeypatch, tmp_path):
     (tmp_path / "csrc" / "broken_zoo_kernel.cpp").write_text("this is not C++;\n")
     monkeypatch.setattr(cpp, "CSRC", tmp_path / "csrc")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    # a lock file left by a killed build: torch's loader alone would wait for it forever
+    stale = cpp.cache_root() / cpp.build_name("broken_zoo_kernel") / "lock"
+    stale.parent.mkdir(parents=True)
+    stale.touch()
     reason = cpp.unavailable_reason("broken_zoo_kernel")
     assert reason is not None and "failed" in reason and "error" in reason.lower(), reason
     assert cpp.unavailable_reason("broken_zoo_kernel") == reason  # once per process
