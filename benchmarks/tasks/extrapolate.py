@@ -8,7 +8,7 @@ again, whatever the flags (resumable: kill it and run the same command; delete a
 score it again with other settings). A ``failed`` line is retried.
 
 Which test variants: every registered ``<dataset>-L<length>`` (zoo-synthetic registers them for
-induction heads, 64 … 65,536 steps, and selective copying, 512 … 4,096; they share the base
+induction heads, 64 … 65,536 steps, and selective copying, 128 … 4,096; they share the base
 dataset's training and validation sequences, so the model never saw a test sequence).
 
 How a length is scored:
