@@ -26,7 +26,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from ..discretize import bilinear
 from .naive import check_length as _check_length
-from .naive import naive_dense
+from .naive import flush_subnormal, naive_dense
 from .systems import DenseSystem, DPLRSystem
 
 # Entries of one (H, M, G) intermediate of kernel_cauchy: 2**18, i.e. 2 MiB in complex64 (4 MiB
@@ -84,12 +84,31 @@ def dplr_discrete_dense(system: DPLRSystem) -> tuple[Tensor, Tensor]:
     return d.a, d.b
 
 
+def _matrix_power(A: Tensor, n: int) -> Tensor:
+    """``A^n`` (n ≥ 1) by repeated squaring, every product flushed of subnormals.
+
+    ``torch.linalg.matrix_power`` does the same squarings, but for a stable Ā and long L the
+    squares decay through the subnormal range (Ā^L of S4's fastest channels is ≈ e^{−800}), and
+    each product then computes on subnormals; flushed, they become exact zeros (``flush_subnormal``:
+    entries below ``tiny``, far below float rounding of I − Ā^L).
+    """
+    out: Tensor | None = None
+    while True:
+        if n & 1:
+            out = A if out is None else flush_subnormal(out @ A)
+        n >>= 1
+        if not n:
+            assert out is not None
+            return out
+        A = flush_subnormal(A @ A)
+
+
 def _one_minus_power(system: DPLRSystem, L: int) -> Tensor:
     """I − Ā^L, (H, N, N)."""
     _check_length(L)
     Abar, _ = dplr_discrete_dense(system)  # (H, N, N)
     eye = torch.eye(Abar.shape[-1], dtype=Abar.dtype, device=Abar.device)  # (N, N)
-    return eye - torch.linalg.matrix_power(Abar, L)  # (H, N, N)
+    return eye - _matrix_power(Abar, L)  # (H, N, N)
 
 
 def c_from_ctilde(system: DPLRSystem, L: int) -> Tensor:
