@@ -158,3 +158,13 @@ def test_tables_render_deterministically(tmp_path: Path, monkeypatch: pytest.Mon
 def test_missing_reading_says_so(tmp_path: Path) -> None:
     text = mt.render([_fixture_task()], [], reading_dir=tmp_path / "none", plot_dir=tmp_path / "plots", doc_dir=tmp_path)
     assert "still to be written" in text and "### Reading: toy" in text
+
+
+def test_a_sweep_named_apart_from_its_dataset_finds_its_rows(tmp_path: Path) -> None:
+    """The induction-heads sweep trains on induction-heads-short: rows are grouped by their dataset."""
+    task = _fixture_task()
+    task.rows = [{**r, "dataset": "toy-short"} for r in task.rows]
+    kw: dict[str, Any] = {"reading_dir": tmp_path, "plot_dir": tmp_path / "plots", "doc_dir": tmp_path}
+    assert "| a | not run yet |" in mt.render([task], [], **kw)  # looked up under the sweep's name: nothing
+    task.dataset = "toy-short"
+    assert "| a | 60.0 ± 10.0 (3) | 1,234 | 3.0 | — |" in mt.render([task], [], **kw).splitlines()

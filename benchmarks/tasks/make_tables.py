@@ -69,8 +69,8 @@ SCALE = {
 # a substring the entry's `setting` must hold (None: any), the name to print).
 PUBLISHED_FOR: dict[str, dict[str, list[tuple[str, str | None, str]]]] = {
     "induction-heads": {
-        "mamba": [("Mamba", "test length 256;", "Mamba")],
-        "attention": [("MHA-RoPE", "test length 256;", "MHA-RoPE")],
+        "mamba": [("Mamba", "test length 256;", "Mamba, trained and tested at 256")],
+        "attention": [("MHA-RoPE", "test length 256;", "MHA-RoPE, trained and tested at 256")],
     },
     "selective-copying": {
         "s4": [("No gate arch + S4 layer (= S4)", None, "S4, L = 4,096")],
@@ -100,6 +100,11 @@ class Task:
     rows: list[dict[str, Any]] = field(default_factory=list)  # latest row per key
     extrapolation: list[dict[str, Any]] = field(default_factory=list)
     axes: list[str] = field(default_factory=list)
+    dataset: str = ""  # the dataset the sweep trains on (its rows are grouped by it), e.g. induction-heads-short
+
+    @property
+    def group(self) -> str:
+        return self.dataset or self.name
 
 
 # formatting ----------------------------------------------------------------------------------------
@@ -147,7 +152,7 @@ def _length_of(e: dict[str, Any]) -> int | None:
 
 # sections ------------------------------------------------------------------------------------------
 def results_table(task: Task, by: dict[str, list[Config]], published: list[dict[str, Any]]) -> list[str]:
-    cs = {c.spec: c for c in by.get(task.name, []) if not c.axes}
+    cs = {c.spec: c for c in by.get(task.group, []) if not c.axes}
     head = ["core", "test accuracy (%), mean ± std (seeds)", "params", "s / epoch", "published (source)"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for spec in task.specs:
@@ -219,7 +224,7 @@ def extrapolation_table(task: Task, published: list[dict[str, Any]], train_lengt
 
 def plots(task: Task, by: dict[str, list[Config]], plot_dir: Path) -> list[Path]:
     made: list[Path | None] = []
-    cs = [c for c in by.get(task.name, []) if not c.axes]
+    cs = [c for c in by.get(task.group, []) if not c.axes]
     if cs:
         wall = {c.spec: [(statistics.mean(c.walls), statistics.mean(c.values()),
                           statistics.stdev(c.values()) if len(c.picks) > 1 else 0.0)] for c in cs}
@@ -231,7 +236,7 @@ def plots(task: Task, by: dict[str, list[Config]], plot_dir: Path) -> list[Path]
                                 ylabel="test accuracy", title=f"{task.name}: accuracy vs test length", logx=True))
     for axis in (a for a in task.axes if a in ("width", "d_model")):
         series: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-        for c in by.get(task.name, []):
+        for c in by.get(task.group, []):
             if axis in c.axes:
                 v = c.values()
                 series[c.spec].append((float(c.axes[axis]), statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0))
@@ -348,7 +353,8 @@ def load_task(sweep_file: Path) -> Task:
                   key=lambda r: r["key"])
     ok = {r["key"] for r in rows}
     ext = sorted((r for r in latest(extrapolation_path(sw.results)).values() if r.get("cell") in ok), key=lambda r: r["key"])
-    return Task(sw.name, _rel(sweep_file.resolve(), ROOT), specs, seeds, len(sw.cells), rows, ext, axes)
+    dataset = sw.cells[0].dataset if sw.cells else sw.name
+    return Task(sw.name, _rel(sweep_file.resolve(), ROOT), specs, seeds, len(sw.cells), rows, ext, axes, dataset)
 
 
 def train_length(dataset: str) -> int | None:
