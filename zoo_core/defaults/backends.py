@@ -54,6 +54,20 @@ def _triton_diag(p: Problem) -> str | None:
     return reason
 
 
+def _cpu_scan(p: Problem) -> str | None:
+    """Diagonal (real or complex) and real 2×2-block systems on CPU tensors, once the C++ kernel is built
+    (compiled on first use, cached; a missing compiler or ninja is the reason, logged once)."""
+    reason = None if p.device == "cpu" else f"the fused C++ scan runs on CPU tensors only, not {p.device!r}"
+    reason = reason or _structures("diag", "block2x2")(p)
+    if reason is None and p.structure == "block2x2" and p.complex:
+        reason = "the fused C++ scan computes real 2x2 blocks only (no core uses complex ones)"
+    if reason is None:
+        from ..kernels.scan_cpu import unavailable_reason  # lazy: imports torch and builds the kernel once
+
+        reason = unavailable_reason()
+    return reason
+
+
 def _keops_supports(p: Problem) -> str | None:
     """DPLR only, and only once pykeops has passed a run-time check (cached per process).
 
@@ -99,6 +113,13 @@ def zoo_register_backends(register: RegisterBackend) -> None:
     register("scan", "scan", "zoo_core.kernels.scan:scan_parallel", priority=10, device_priority={"cpu": -1},
              supports=_structures("diag", "block2x2"),
              description="parallel: chunked log-depth (Hillis–Steele within chunks, recursive over chunk carries)")
+    # On CPU the fused C++ kernel beats the loop (benchmarks/REPORT_SCAN.md); off the CPU it refuses, and its
+    # base priority below naive's keeps it out of the skipped-faster-backend notes there.
+    register("cpu-scan", "scan", "zoo_core.kernels.scan_cpu:scan_cpu", priority=-10, device_priority={"cpu": 15},
+             supports=_cpu_scan, aliases=("cpu",),
+             description="diagonal (real or complex) and 2x2-block systems by the zoo's fused C++ kernel (CPU tensors; one "
+                         "streaming pass per step, adjoint backward); compiled on first use (g++, pip install ninja); "
+                         "spec name 'cpu'")
     register("triton-diag", "scan", "zoo_core.kernels.triton_diag:scan_triton", priority=20, supports=_triton_diag,
              requires=("triton",), aliases=("triton",),
              description="diagonal systems, real or complex, by a Triton kernel (CUDA tensors, after a run-time check); "
