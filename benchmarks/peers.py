@@ -193,9 +193,9 @@ def _parts(s: Sizes) -> dict[str, Call]:
 
     with torch.no_grad():
         v, dlam, dt, one_m, one_p = setup()
-        khat = dplr._ChunkedKhat.apply(v, dlam, dt, one_m, one_p)  # (H, F)
+        khat = dplr.cauchy_khat(v, dlam, dt, one_m, one_p)  # (H, F)
     leaves = [x.clone().requires_grad_() for x in (v, dlam, dt)]
-    khat_g = dplr._ChunkedKhat.apply(*leaves, one_m, one_p)  # (H, F), saves its inputs only
+    khat_g = dplr.cauchy_khat(*leaves, one_m, one_p)  # (H, F), saves its inputs only
     grad_khat = torch.randn_like(khat)  # (H, F)
 
     def khat_backward() -> None:
@@ -207,7 +207,7 @@ def _parts(s: Sizes) -> dict[str, Call]:
                 dplr._khat_chunk(*leaves, one_m[c], one_p[c])
 
     return dict(zip(PARTS, (
-        _no_grad(setup), _no_grad(lambda: dplr._ChunkedKhat.apply(v, dlam, dt, one_m, one_p)),
+        _no_grad(setup), _no_grad(lambda: dplr.cauchy_khat(v, dlam, dt, one_m, one_p)),
         _no_grad(lambda: torch.fft.irfft(khat, n=L)), _no_grad(lambda: kernel_cauchy(layer._trained_system(), L)),
         khat_backward, recompute,
         kernel_call(lambda: kernel_cauchy(layer._trained_system(), L), layer, s["H"], L, "fwdbwd"))))

@@ -21,7 +21,7 @@ import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from .errors import BackendUnavailableError, UnknownNameError, did_you_mean
 from .logs import log_once
@@ -82,23 +82,23 @@ class BoundOps:
 
     @property
     def kernel(self) -> KernelOp:
-        return cast(KernelOp, self._get("kernel"))
+        return self._get("kernel")  # no typing.cast: torch.compile loses the function's source through it (a graph break)
 
     @property
     def conv(self) -> ConvOp:
-        return cast(ConvOp, self._get("conv"))
+        return self._get("conv")
 
     @property
     def scan(self) -> ScanOp:
-        return cast(ScanOp, self._get("scan"))
+        return self._get("scan")
 
     @property
     def selective_scan(self) -> SelectiveScanOp:
-        return cast(SelectiveScanOp, self._get("scan"))
+        return self._get("scan")
 
     @property
     def attention(self) -> AttentionOp:
-        return cast(AttentionOp, self._get("attention"))
+        return self._get("attention")
 
 
 def _auto(reg: Registry, op: str, problem: Problem) -> tuple[BackendEntry | None, list[str]]:

@@ -31,10 +31,26 @@ class Discrete(NamedTuple):
 _Impl = Callable[[Tensor, Tensor, Tensor], Discrete]
 
 
+_REAL = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
+_COMPLEX = {real: cplx for cplx, real in _REAL.items()}
+
+
+def real_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The real dtype of a complex one (a real dtype is returned as is): ``dtype.to_real()``, which
+    ``torch.compile`` cannot trace (a graph break that ``fullgraph=True`` refuses), as a table lookup."""
+    return _REAL.get(dtype, dtype)
+
+
+def complex_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The complex dtype of a real one (a complex dtype is returned as is): ``dtype.to_complex()``,
+    traceable by ``torch.compile``, as ``real_dtype``."""
+    return _COMPLEX.get(dtype, dtype)
+
+
 def _cast(A: Tensor, B: Tensor, dt: Tensor | float) -> tuple[Tensor, Tensor, Tensor]:
     """Cast A and B to their common dtype; dt to a real tensor of the matching precision."""
     dtype = torch.promote_types(A.dtype, B.dtype)
-    real = dtype.to_real()
+    real = real_dtype(dtype)
     return A.to(dtype), B.to(dtype), torch.as_tensor(dt, dtype=real, device=A.device)
 
 

@@ -255,16 +255,13 @@ def test_no_hml_intermediate(chunked: bool, monkeypatch: pytest.MonkeyPatch) -> 
     H, N, L, G = 2, 64, 4096, 128
     M, F = N // 2, L // 2 + 1
     monkeypatch.setattr(dplr, "CHUNK_ELEMENTS", H * M * G if chunked else 1 << 30)
+    # the op's body: a torch-function mode sees no further into the custom op cauchy_khat than its result
+    monkeypatch.setattr(dplr, "cauchy_khat", dplr._khat_chunked)
     system = legs_system(H, N)
     with _Peak() as sizes:
         kernel_cauchy(system, L)
     fits = sizes.peak <= H * M * G + H * L
     assert fits is chunked, f"peak {sizes.peak}; H·M·F = {H * M * F}"
-
-
-class _Ctx:
-    def save_for_backward(self, *_: Tensor) -> None:
-        pass
 
 
 @pytest.mark.parametrize("chunked", [True, False])
@@ -273,8 +270,7 @@ def test_backward_saves_no_hml(chunked: bool, monkeypatch: pytest.MonkeyPatch) -
     M = N // 2
     monkeypatch.setattr(dplr, "CHUNK_ELEMENTS", H * M * G)
     if not chunked:  # plain autograd through the chunks saves every (H, M, G) intermediate
-        plain = lambda *a: dplr._ChunkedKhat.forward(_Ctx(), *a)  # noqa: E731
-        monkeypatch.setattr(dplr._ChunkedKhat, "apply", plain)
+        monkeypatch.setattr(dplr, "cauchy_khat", dplr._khat_chunked)  # the op's body, not the op
     system = legs_system(H, N)
     lam = system.Lambda.clone().requires_grad_()
     saved: list[int] = []

@@ -18,13 +18,12 @@ conjugate half is the conjugate of the stored half is ``2 Re`` of the sum over t
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
-from torch.autograd.function import FunctionCtx, once_differentiable
 
-from ..discretize import bilinear
+from ..discretize import bilinear, complex_dtype, real_dtype
 from .naive import check_length as _check_length
 from .naive import flush_subnormal, naive_dense
 from .systems import DenseSystem, DPLRSystem
@@ -41,7 +40,7 @@ def _cast(system: DPLRSystem) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     dtype = fields[0].dtype
     for x in fields[1:]:
         dtype = torch.promote_types(dtype, x.dtype)
-    dtype = dtype.to_complex()
+    dtype = complex_dtype(dtype)
     shape = tuple(system.Lambda.shape)
     if len(shape) != 2 or any(tuple(x.shape) != shape for x in fields):
         raise ValueError(f"DPLRSystem: Lambda, P, B, C must all be (H, M); got "
@@ -50,7 +49,7 @@ def _cast(system: DPLRSystem) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         raise ValueError(f"DPLRSystem: dt must be (H,) = ({shape[0]},), got "
                          f"{tuple(system.dt.shape)}")
     lam, p, b, c = (x.to(dtype) for x in fields)
-    return lam, p, b, c, system.dt.to(dtype.to_real())
+    return lam, p, b, c, system.dt.to(real_dtype(dtype))
 
 
 def _full(x: Tensor) -> Tensor:
@@ -193,8 +192,10 @@ def _khat_chunk(v: Tensor, dlam: Tensor, dt: Tensor, one_m: Tensor, one_p: Tenso
     """
     den = 2 * one_m - one_p * dlam[..., None]  # (H, M, G)
     sums = v @ den.reciprocal()  # (H, S, G)
-    den = 2 * one_m - one_p * dlam.conj()[..., None]  # (H, M, G): the conjugate half
-    sums = sums + v.conj() @ den.reciprocal()  # (H, S, G)
+    # conj_physical, not the lazy conj(): this runs inside the custom op cauchy_khat, whose first call
+    # under torch.compile runs with the Conjugate dispatch key excluded, where conj() is a no-op
+    den = 2 * one_m - one_p * dlam.conj_physical()[..., None]  # (H, M, G): the conjugate half
+    sums = sums + v.conj_physical() @ den.reciprocal()  # (H, S, G)
     cb, cp, qb, qp = sums.unbind(1)  # (H, G) each
     scale = dt[:, None] * one_p  # (H, G): Δ(1+ω)
     return 2 * dt[:, None] * (cb - cp * (scale * qb) / (1 + scale * qp))  # (H, G)
@@ -206,34 +207,61 @@ def _chunks(F: int, H: int, M: int) -> list[slice]:
     return [slice(s, s + G) for s in range(0, F, G)]
 
 
-class _ChunkedKhat(torch.autograd.Function):
-    """K̂ at every node, chunk by chunk; backward recomputes each chunk (checkpointing by hand).
+# K̂ chunk by chunk as a custom op (``torch.library``) with a fake (shape-only) implementation and a
+# registered backward, so ``torch.compile(fullgraph=True)`` and ``torch.export`` see one opaque node
+# (the chunk loop and the recomputing backward are not traced). Backward recomputes each chunk
+# (checkpointing by hand): only the O(H·M + F) inputs are saved, so backward memory is bounded like
+# forward memory. ``torch.utils.checkpoint`` would do the same but imports torch._dynamo (~1.5 s) on
+# first use.
+def _khat_chunked(v: Tensor, dlam: Tensor, dt: Tensor, one_m: Tensor, one_p: Tensor) -> Tensor:
+    """K̂ (H, F) at every node from v (H, S, M), Δλ (H, M), Δ (H,), 1 ∓ ω (F,): ``_khat_chunk`` per chunk
+    (``cauchy_khat``'s body, a plain function so tests can watch its intermediates)."""
+    parts = [_khat_chunk(v, dlam, dt, one_m[c], one_p[c])  # (H, G)
+             for c in _chunks(one_m.shape[0], *dlam.shape)]
+    return torch.cat(parts, -1)  # (H, F)
 
-    Only the O(H·M + F) inputs are saved, so backward memory is bounded like forward memory.
-    ``torch.utils.checkpoint`` would do the same but imports torch._dynamo (~1.5 s) on first use.
-    """
 
-    @staticmethod
-    def forward(ctx: FunctionCtx, v: Tensor, dlam: Tensor, dt: Tensor, one_m: Tensor,
-                one_p: Tensor) -> Tensor:
-        ctx.save_for_backward(v, dlam, dt, one_m, one_p)
-        parts = [_khat_chunk(v, dlam, dt, one_m[c], one_p[c])  # (H, G)
-                 for c in _chunks(one_m.shape[0], *dlam.shape)]
-        return torch.cat(parts, -1)  # (H, F)
+@torch.library.custom_op("zoo_core::cauchy_khat", mutates_args=())
+def cauchy_khat(v: Tensor, dlam: Tensor, dt: Tensor, one_m: Tensor, one_p: Tensor) -> Tensor:
+    """K̂ (H, F) at every node, chunk by chunk (``_khat_chunked``), as one opaque op."""
+    return _khat_chunked(v, dlam, dt, one_m, one_p)
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        v, dlam, dt, one_m, one_p = ctx.saved_tensors  # type: ignore[attr-defined]  # FunctionCtx's stub lacks saved_tensors
-        leaves = [x.detach().requires_grad_() for x in (v, dlam, dt)]
-        v_, dlam_, dt_ = leaves
-        totals = [torch.zeros_like(x) for x in leaves]
-        with torch.enable_grad():
-            for c in _chunks(one_m.shape[0], *dlam.shape):
-                out = _khat_chunk(v_, dlam_, dt_, one_m[c], one_p[c])  # (H, G)
-                for total, g in zip(totals, torch.autograd.grad(out, leaves, grad[:, c]), strict=True):
-                    total += g
-        return (*totals, None, None)
+
+@cauchy_khat.register_fake
+def _cauchy_khat_fake(v: Tensor, dlam: Tensor, dt: Tensor, one_m: Tensor, one_p: Tensor) -> Tensor:
+    return v.new_empty((dlam.shape[0], one_m.shape[0]))
+
+
+@torch.library.custom_op("zoo_core::cauchy_khat_bwd", mutates_args=())
+def cauchy_khat_bwd(grad: Tensor, v: Tensor, dlam: Tensor, dt: Tensor, one_m: Tensor, one_p: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The gradients of ``cauchy_khat`` for v, Δλ and Δ: each chunk recomputed and pulled back by
+    ``torch.func.vjp`` (a custom op's body runs below autograd, where ``torch.autograd.grad`` sees no graph)."""
+    totals = [torch.zeros_like(x) for x in (v, dlam, dt)]
+    for c in _chunks(one_m.shape[0], *dlam.shape):
+        def chunk(v_: Tensor, dlam_: Tensor, dt_: Tensor, c: slice = c) -> Tensor:
+            return _khat_chunk(v_, dlam_, dt_, one_m[c], one_p[c])  # (H, G)
+
+        _, pull = torch.func.vjp(chunk, v, dlam, dt)
+        for total, g in zip(totals, pull(grad[:, c].contiguous()), strict=True):
+            total += g
+    return totals[0], totals[1], totals[2]
+
+
+@cauchy_khat_bwd.register_fake
+def _cauchy_khat_bwd_fake(grad: Tensor, v: Tensor, dlam: Tensor, dt: Tensor, one_m: Tensor, one_p: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(v), torch.empty_like(dlam), torch.empty_like(dt)
+
+
+def _cauchy_khat_setup(ctx: Any, inputs: tuple[Tensor, ...], output: Tensor) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _cauchy_khat_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+    v, dlam, dt, one_m, one_p = ctx.saved_tensors
+    return (*cauchy_khat_bwd(grad, v, dlam, dt, one_m, one_p), None, None)
+
+
+cauchy_khat.register_autograd(_cauchy_khat_backward, setup_context=_cauchy_khat_setup)
 
 
 def kernel_cauchy(system: DPLRSystem, L: int) -> Tensor:
@@ -255,7 +283,7 @@ def kernel_cauchy(system: DPLRSystem, L: int) -> Tensor:
     lam, p, b, c, dt = _cast(system)  # (H, M) ×4, (H)
     v = torch.stack([c * b, c * p, p.conj() * b, p.conj() * p], 1)  # (H, S, M)
     one_m, one_p = _nodes(L, lam.dtype, lam.device)  # (F), (F)
-    khat = _ChunkedKhat.apply(v, dt[:, None] * lam, dt, one_m, one_p)  # (H, F)
+    khat = cauchy_khat(v, dt[:, None] * lam, dt, one_m, one_p)  # (H, F)
     return torch.fft.irfft(khat, n=L)  # (H, L)
 
 

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from ..discretize import real_dtype
 from .dplr import kernel_dplr_naive
 from .naive import check_length as _check_length
 from .naive import common as _common
@@ -147,7 +148,7 @@ def kernel_vandermonde(system: DiagSystem, L: int) -> Tensor:
     log_a, w = _common(system.log_a, system.w)  # (H, N), (H, N)
     T = block_size(L)
     J = math.ceil(L / T)
-    real = log_a.dtype.to_real()
+    real = real_dtype(log_a.dtype)
     t = torch.arange(T, dtype=real, device=log_a.device)  # (T)
     j = torch.arange(J, dtype=real, device=log_a.device) * T  # (J)
     inner = powers(log_a, t)  # (H, N, T)

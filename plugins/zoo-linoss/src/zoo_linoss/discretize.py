@@ -25,7 +25,7 @@ import math
 import torch
 from torch import Tensor
 
-from zoo_core.discretize import Discrete
+from zoo_core.discretize import Discrete, real_dtype
 from zoo_core.errors import ZooError
 
 from .params import DT2A_MAX
@@ -47,7 +47,7 @@ def _prepare(A: Tensor, B: Tensor, dt: Tensor | float, structure: str, who: str)
     if B.dim() < 1 or B.shape[0] != A.shape[0]:
         raise ValueError(f"{who}: B must have shape (P, ...) with P = {A.shape[0]} rows, got {tuple(B.shape)}")
     dtype = torch.promote_types(A.dtype, B.dtype)
-    real = dtype.to_real()
+    real = real_dtype(dtype)
     dt = torch.broadcast_to(torch.as_tensor(dt, dtype=real, device=A.device), A.shape)  # (P,)
     return A.to(real), B.to(dtype), dt
 

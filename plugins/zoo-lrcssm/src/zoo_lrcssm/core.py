@@ -195,7 +195,14 @@ class LrcSSM(CoreBase, params=LrcSSMParams):
         """Newton (DEER) over the whole batch. With ``keep`` (B, L, 1; packed documents) the previous
         state is zero and the Jacobian zero at every document start: the linearised scan of each sweep
         restarts there, so every document is solved from zero in the same sweeps (and a start step
-        is exact at once, like step 0)."""
+        is exact at once, like step 0).
+
+        Under ``torch.compile`` / ``torch.export`` the exact sequential loop runs instead: Newton's stopping
+        test reads the residual on the host (a data-dependent branch a traced graph cannot hold, so
+        ``fullgraph=True`` and export refuse it), and the loop computes the very trajectory Newton
+        converges to (within ``tol``)."""
+        if torch.compiler.is_compiling():
+            return self._solve_sequential(pf, pz, h0, keep)
         scan = self.ops.scan
         tol = self.tol if self.tol is not None else default_tol(pf.dtype)
         B, L, D = pf.shape

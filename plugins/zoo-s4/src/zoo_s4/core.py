@@ -134,7 +134,8 @@ class S4(CoreBase, params=S4Params):
 
     # streaming -------------------------------------------------------------------------
     def _step_matrices(self) -> StepMatrices:
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():  # traced: the cache's key (tensor versions
+            # and data pointers) is host state a graph cannot hold; the graph recomputes the matrices
             return DPLRStep.precompute(*self.system(self.l_max))
         key = (tuple(p._version for p in self.parameters()), tuple(p.data_ptr() for p in self.parameters()), self.dt_scale, self.l_max)
         if self._step_cache is None or self._step_cache[0] != key:

@@ -1,0 +1,111 @@
+"""A core's or a model's ``step`` and ``forward`` as ``torch.export`` programs of flat tensors.
+
+Why a module: an exported program (and everything built on one: ONNX, ExecuTorch, an edge runtime)
+takes and returns flat tensors, while a core's streaming state is a dict of tensors
+(``zoo_core.protocols.State``) and a model's a ``ModelState``. ``StepModule`` is the one bridge:
+
+    (x_t, *state tensors) -> (y_t, *new state tensors)
+
+State order (stable, documented, what an exported file's inputs and outputs are named after):
+the state's flat names sorted as strings. A core's names are its state keys (``"h"``, ``"conv"``,
+...); a model's are ``ModelState.flatten()``'s (``"input.t"``, ``"layer0.h"``, ...). ``state_names``
+returns them; the exported program's inputs are ``x_t`` then the state in that order, its outputs
+``y_t`` then the new state in the same order.
+
+Dynamic shapes: the batch (dim 0 of ``x`` / ``x_t`` and of every state tensor) is a ``Dim`` by default;
+the forward's length (dim 1) only when asked, as only ops that trace without a Python loop over time
+allow it (tests/test_compile_export.py lists, per core, which do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.export import Dim, ExportedProgram
+
+from .nn.model_state import ModelState
+
+MAX_BATCH = 1 << 16  # upper bound of the exported batch Dim (export needs one; far above any use)
+MAX_LENGTH = 1 << 20  # upper bound of the exported length Dim
+
+
+def flat_state(state: Mapping[str, Tensor] | ModelState) -> dict[str, Tensor]:
+    """The state as one name -> tensor dict: a core's dict as is, a model's ``ModelState.flatten()``."""
+    return state.flatten() if isinstance(state, ModelState) else dict(state)
+
+
+def state_names(state: Mapping[str, Tensor] | ModelState) -> tuple[str, ...]:
+    """The flat state's names in the exported order: sorted as strings."""
+    return tuple(sorted(flat_state(state)))
+
+
+class StepModule(nn.Module):
+    """``module.step`` as ``(x_t, *state) -> (y_t, *new state)``, the state flat in ``names`` order.
+
+    Args:
+        module: a core (``SSMCore``) or a model, anything with ``step(x_t, state) -> (y_t, state)``.
+        example_state: a state of ``module`` (its ``init_state(...)``): fixes the names and, for a
+            model, the depth a flat state is rebuilt to.
+    """
+
+    def __init__(self, module: nn.Module, example_state: Mapping[str, Tensor] | ModelState) -> None:
+        super().__init__()
+        self.module = module
+        self.names: tuple[str, ...] = state_names(example_state)
+        self.model_depth: int | None = example_state.depth if isinstance(example_state, ModelState) else None
+
+    def unflatten(self, tensors: Sequence[Tensor]) -> dict[str, Tensor] | ModelState:
+        """The ``step`` state from flat tensors in ``names`` order."""
+        flat = dict(zip(self.names, tensors, strict=True))
+        return flat if self.model_depth is None else ModelState.unflatten(flat, depth=self.model_depth)
+
+    def flatten(self, state: Mapping[str, Tensor] | ModelState) -> tuple[Tensor, ...]:
+        """A ``step`` state as flat tensors in ``names`` order (the exported program's inputs after x_t)."""
+        flat = flat_state(state)
+        if set(flat) != set(self.names):
+            raise ValueError(f"state names {sorted(flat)} differ from the exported step's {list(self.names)}")
+        return tuple(flat[k] for k in self.names)
+
+    def forward(self, x_t: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
+        step: Any = self.module.step  # a core's or a model's: typed by neither nn.Module nor one protocol
+        y_t, new_state = step(x_t, self.unflatten(state))
+        return (y_t, *self.flatten(new_state))
+
+
+def _batch_dims(tensors: Sequence[Tensor], batch: int, dim: Any) -> list[dict[int, Any] | None]:
+    """{0: dim} for each tensor whose leading size is the batch, None (static) for the rest."""
+    return [{0: dim} if t.dim() > 0 and t.shape[0] == batch else None for t in tensors]
+
+
+def export_step(module: nn.Module, x_t: Tensor, state: Mapping[str, Tensor] | ModelState, *,
+                dynamic_batch: bool = True) -> tuple[ExportedProgram, StepModule]:
+    """``torch.export`` of ``module.step`` at the example ``(x_t, state)``.
+
+    Returns:
+        The exported program (run it as ``program.module()(x_t, *wrapper.flatten(state))``) and the
+        ``StepModule`` that names its state inputs and outputs (``wrapper.names``).
+    """
+    wrapper = StepModule(module, state)
+    args = (x_t, *wrapper.flatten(state))
+    shapes: Any = None
+    if dynamic_batch:
+        dims = _batch_dims(args, x_t.shape[0], Dim("batch", min=1, max=MAX_BATCH))
+        shapes = (dims[0], tuple(dims[1:]))  # as forward's signature: x_t, then *state as one tuple
+    return torch.export.export(wrapper, args, dynamic_shapes=shapes), wrapper
+
+
+def export_forward(module: nn.Module, x: Tensor, *, dynamic_batch: bool = True, dynamic_length: bool = False,
+                   min_length: int = 2) -> ExportedProgram:
+    """``torch.export`` of ``module(x)`` for x (B, L, ...), the batch and/or the length dynamic.
+
+    ``min_length`` is the exported length Dim's lower bound (export specialises sizes 0 and 1).
+    """
+    dims: dict[int, Any] = {}
+    if dynamic_batch:
+        dims[0] = Dim("batch", min=1, max=MAX_BATCH)
+    if dynamic_length:
+        dims[1] = Dim("length", min=min_length, max=MAX_LENGTH)
+    return torch.export.export(module, (x,), dynamic_shapes=({**dims},) if dims else None)
