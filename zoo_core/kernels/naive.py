@@ -4,11 +4,13 @@ Kept apart from ``kernel.py`` so the DPLR kernels (``dplr.py``) can build on the
 ``kernel_naive`` dispatches to them: both import this module, neither imports the other back.
 
 Subnormal floats: the powers ``Ā^l`` of a stable system decay below the smallest normal float
-(``finfo.tiny``, about 1.2e-38 in float32) and CPUs compute on such subnormal values tens of times
-more slowly (measured: the dense S4 reference took 295 s instead of 9.3 s at L = 16384 on an Intel
-Xeon). ``torch.set_flush_denormal`` cannot fix this from inside an op: it sets the calling thread's
-flag only, and ATen's intra-op worker threads keep producing subnormals (measured: with 2 threads,
-half the entries of ``x * 1.0`` stay subnormal with the flag set). So the references flush
+(``finfo.tiny``, about 1.2e-38 in float32) and some CPUs compute on such subnormal values tens of
+times more slowly (issue 16: the dense S4 reference took 295 s by default and 9.3 s with
+flush-to-zero at L = 16384 on an Intel Xeon; on the AMD EPYC of the reports the dense powers were
+not measurably slowed, ``exp`` was). ``torch.set_flush_denormal`` cannot fix this from inside an
+op: it sets the calling thread's flag only, and ATen's intra-op worker threads keep producing
+subnormals (measured: with 2 threads, half the entries of ``x * 1.0`` stay subnormal with the flag
+set). So the references flush
 explicitly: ``flush_subnormal`` zeroes every entry below ``tiny`` once per step, and a power that
 has underflowed stays exactly 0 from then on. The kernel changes by less than ``tiny`` per dropped
 term (absolute), which is below float32 rounding of any kernel with a normal-range value.
