@@ -8,8 +8,9 @@ and every compiled or exported program is compared with the same core run eagerl
   state (output and new state); ``fullgraph=True`` makes any graph break a failure;
 - ``torch.export`` of ``step`` through ``zoo_core.export.StepModule`` (flat state tensors) and of the
   forward, both with a dynamic batch, run at the example batch and at another one;
-- the forward with a dynamic length too, where the core's op allows; where it does not, an
-  ``xfail(strict=True)`` names the op and why (a fix makes the xfail fail, so the list stays true);
+- the forward with a dynamic length too, where the core's ops allow; where they do not, the test
+  checks that export fails and xfails naming the op and why (a fix makes the test fail until the
+  table below is updated, so the list stays true);
 - whole models (``specs/s4d-tiny.yaml``, the token LM ``benchmarks/tasks/specs/lm-2layer.yaml`` around
   a few cores), forward and step;
 - Inductor (code generation) for a few cores, marked ``slow``.
@@ -42,21 +43,16 @@ TOL = {"rtol": 1e-9, "atol": 1e-11}
 # sequential loop unrolled over L): run in the slow tier so this module stays well under 90 s.
 HEAVY = {"gdn", "mamba2", "mamba3", "lrcssm", "rglru"}
 
-_DIAG_SCAN = ("the diagonal scan's CPU auto backend (zoo_core.kernels.scan: a Python loop over time, or over "
-              "chunks) unrolls L into the graph, so export specialises L; a scan custom op with a fake "
-              "implementation (the C++ linear_scan) lifts it")
-# Dynamic length: why each core's forward specialises L today (torch.export raises "you marked length
-# as dynamic but your code specialized it").
+# The diagonal / 2x2-block scan cores: their length is dynamic when auto picks the C++ scan custom op
+# (cpu-scan: one opaque node with a fake implementation); on the Python scans (zoo_core.kernels.scan:
+# a loop over time, or over chunks) L is unrolled into the graph, so export specialises it.
+LOOP_SCAN_CORES = {"lru", "s5", "s5-bidirectional", "linoss", "rglru"}
+OPAQUE_SCANS = {"cpu-scan"}
 LENGTH_STATIC: dict[str, str] = {
     "s4d": ("the Vandermonde kernel's block size ceil(sqrt(L)) (zoo_core/kernels/kernel.py block_size) is a "
             "Python int computed from L"),
     "s4": ("the Cauchy kernel's length max(l_max, L) is the FFT's size (irfft n, F = n//2 + 1 nodes): the "
            "FFT's size guards (parity, divisibility of n) hold for one L, not all"),
-    "lru": _DIAG_SCAN,
-    "s5": _DIAG_SCAN,
-    "s5-bidirectional": _DIAG_SCAN,
-    "linoss": _DIAG_SCAN.replace("diagonal scan", "2x2-block scan"),
-    "rglru": _DIAG_SCAN,
     "lrcssm": ("under compile/export LrcSSM runs its exact sequential loop (DEER's convergence test is "
                "data-dependent), a Python loop over time"),
     "mamba": ("the selective-cpu op's fake output keeps ceil(L / min(64, L)) chunk states: guards on that count "
@@ -167,20 +163,30 @@ def test_export_forward_with_dynamic_batch(name: str) -> None:
             _close(f"exported forward (B={B})", core(x), run(x))
 
 
-def _length_params() -> list[Any]:
-    out = []
-    for c in CORES:
-        marks = [pytest.mark.xfail(reason=LENGTH_STATIC[c], strict=True)] if c in LENGTH_STATIC else []
-        if c in HEAVY:
-            marks.append(pytest.mark.slow)
-        out.append(pytest.param(c, marks=marks))
-    return out
+def _length_blocker(name: str, core: Any) -> str | None:
+    """Why the core's forward cannot take a dynamic length with the backends it resolved, or None."""
+    if name in LENGTH_STATIC:
+        return LENGTH_STATIC[name]
+    choice = getattr(core, "backend_choice", None)
+    scan = None if choice is None else choice.entries.get("scan")
+    if name in LOOP_SCAN_CORES and (scan is None or scan.name not in OPAQUE_SCANS):
+        return (f"its scan backend here, {getattr(scan, 'name', None)!r}, is a Python loop over time or chunks "
+                f"(zoo_core.kernels.scan): L is unrolled into the graph, so export specialises it (cpu-scan, the "
+                f"C++ custom op, is dynamic in L; auto picks it where it builds and serves the problem)")
+    return None
 
 
-@pytest.mark.parametrize("name", _length_params())
+@pytest.mark.parametrize("name", _each(CORES))
 def test_export_forward_with_dynamic_length(name: str) -> None:
+    """Passes where the ops allow a dynamic length; elsewhere export must fail, and the test is an xfail
+    naming why (were export to succeed there, the test fails: the table above is out of date)."""
     core = _core(name).eval()
+    blocker = _length_blocker(name, core)
     with torch.no_grad():
+        if blocker is not None:
+            with pytest.raises(Exception, match="specializ|Constraints violated|guard"):
+                export_forward(core, _x(2, 9), dynamic_length=True)
+            pytest.xfail(blocker)
         run = export_forward(core, _x(2, 9), dynamic_length=True).module()
         for B, L in ((2, 9), (3, 20)):
             x = _x(B, L, seed=L)

@@ -241,7 +241,7 @@ def cauchy_khat_bwd(grad: Tensor, v: Tensor, dlam: Tensor, dt: Tensor, one_m: Te
         def chunk(v_: Tensor, dlam_: Tensor, dt_: Tensor, c: slice = c) -> Tensor:
             return _khat_chunk(v_, dlam_, dt_, one_m[c], one_p[c])  # (H, G)
 
-        _, pull = torch.func.vjp(chunk, v, dlam, dt)
+        pull = torch.func.vjp(chunk, v, dlam, dt)[1]  # (output, pullback): no aux
         for total, g in zip(totals, pull(grad[:, c].contiguous()), strict=True):
             total += g
     return totals[0], totals[1], totals[2]
