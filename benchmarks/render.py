@@ -124,8 +124,8 @@ REPORTS: dict[str, ReportSpec] = {s.name: s for s in (
                floors=_s4_floors,
                order=("kernel_cauchy", "kernel_cauchy_keops", "straightforward_cauchy", "kernel_dplr_naive",
                       "kernel=cauchy", "kernel=keops", "kernel=naive")),
-    ReportSpec("REPORT_SCAN.md", "Scans (S5, LRU, LinOSS): naive loop vs parallel scan vs chunked, and S5 vs "
-               "s5-pytorch", "scan.jsonl",
+    ReportSpec("REPORT_SCAN.md", "Scans (S5, LRU, LinOSS): fused C++ scan vs naive loop vs parallel scan vs chunked, "
+               "and S5 vs s5-pytorch", "scan.jsonl",
                (f"{RUN} s5/layer lru/layer linoss/layer --round-wait 30 --out benchmarks/results/scan.jsonl",
                 f"{RUN} s5/scan-op lru/scan-op linoss/scan-op --repeats 3 --round-wait 30 "
                 "--out benchmarks/results/scan.jsonl",
@@ -134,8 +134,8 @@ REPORTS: dict[str, ReportSpec] = {s.name: s for s in (
                sections=((("scanop",), "The scan op alone, on what each layer scans"), (("profile",), "torch.profiler"),
                          (("layer",), "Whole layer, every table"), (("memory",), "Peak memory")),
                columns={"scanop": _floor_cols()}, floors=_scan_floors,
-               order=("naive", "scan", "chunked", "scan=naive", "scan=scan", "scan=chunked", "auto", "scan-N128",
-                      "s5-pytorch"), spread=True),
+               order=("naive", "scan", "chunked", "scan=cpu-scan", "scan=naive", "scan=scan", "scan=chunked", "auto",
+                      "scan-N128", "s5-pytorch"), spread=True),
     ReportSpec("REPORT_MAMBA.md", "Mamba on CPU: mixer and generation", "mamba.jsonl",
                (f"{RUN} mamba/layer --repeats 3 --quiet-wait 3 --out benchmarks/results/mamba.jsonl",
                 f"{RUN} mamba/layer --H 768 --L 256 1024 --repeats 3 --out benchmarks/results/mamba.jsonl",
