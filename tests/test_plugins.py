@@ -230,9 +230,8 @@ def test_auto_ranks_backends_per_device():
 
 
 def test_cores_resolve_for_the_device_they_are_built_for():
-    from zoo_lru.core import LRU
-
     from zoo_core.kernels.scan_cpu import unavailable_reason
+    from zoo_lru.core import LRU
 
     layer = LRU(d_model=2, d_state=4)
     assert layer.backend_choice.entries["scan"].name == ("cpu-scan" if unavailable_reason() is None else "naive")  # built on CPU
