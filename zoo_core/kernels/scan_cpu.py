@@ -179,5 +179,8 @@ def scan_cpu(
     full = bf.shape
     h_all, h_last = h_all.view(full), h_last.view(full[:1] + full[2:])
     if ct.is_complex and structure == "diag":
-        h_all, h_last = torch.view_as_complex(h_all), torch.view_as_complex(h_last)
+        # the final state is a streaming state a caller feeds back (step, torch.compile, torch.export): a copy,
+        # not a complex view of a real buffer, which dynamo cannot fake as an input (view_as_complex replayed
+        # on the (B, 2N) base fails); (B, N), negligible
+        h_all, h_last = torch.view_as_complex(h_all), torch.view_as_complex(h_last).clone()
     return h_all.to(dtype), h_last.to(dtype)
