@@ -181,6 +181,11 @@ def test_opcheck(tv: bool, with_q: bool, reset: bool) -> None:
     bwd_args = (P.detach(), None if Q is None else Q.detach(), torch.randn_like(h_all), torch.randn(B, S, dtype=torch.float64),
                 h_all, h0.detach(), r)
     torch.library.opcheck(torch.ops.zoo.linear_scan_bwd.default, bwd_args, test_utils=("test_schema", "test_faketensor"))
+    # non-contiguous inputs: the fake must promise the contiguous results the real op returns
+    t = lambda x: x.transpose(-1, -2).contiguous().transpose(-1, -2)  # noqa: E731  same values, other strides
+    odd = (t(P.detach()) if tv else P.detach(), None if Q is None else (t(Q.detach()) if tv else Q.detach()),
+           t(torch.randn_like(h_all)), torch.randn(B, S, dtype=torch.float64), h_all, h0.detach(), r)
+    torch.library.opcheck(torch.ops.zoo.linear_scan_bwd.default, odd, test_utils=("test_schema", "test_faketensor"))
 
 
 @needs_kernel

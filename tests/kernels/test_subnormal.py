@@ -171,6 +171,12 @@ def test_flush_subnormal_zeroes_exactly_the_subnormals(dtype: torch.dtype) -> No
     assert torch.equal(gx, g)
 
 
+def test_exp_flushed_keeps_nan() -> None:
+    """A parameter gone NaN must show as NaN, not as a clean 0 that hides the divergence."""
+    out = exp_flushed(torch.tensor([float("nan"), -1000.0, -1.0]))
+    assert out[0].isnan() and out[1] == 0 and torch.isclose(out[2], torch.exp(torch.tensor(-1.0)))
+
+
 @pytest.mark.parametrize("dtype", [F32, F64, C64, C128])
 def test_exp_flushed(dtype: torch.dtype) -> None:
     real = torch.empty(0, dtype=dtype).real.dtype

@@ -75,7 +75,7 @@ def exp_flushed(z: Tensor) -> Tensor:
         by less than ``finfo.tiny`` per entry (absolute) beyond rounding.
     """
     x = z.real if z.is_complex() else z
-    keep = x >= math.log(torch.finfo(x.dtype).tiny)
+    keep = ~(x < math.log(torch.finfo(x.dtype).tiny))  # NaN is kept: a NaN parameter must still show as NaN
     mag = torch.where(keep, torch.exp(torch.where(keep, x, 0.0)), 0.0)
     if not z.is_complex():
         return mag

@@ -91,8 +91,9 @@ def linear_scan_bwd(P: Tensor, Q: Optional[Tensor], g_all: Tensor, g_last: Optio
 @linear_scan_bwd.register_fake
 def _bwd_fake(P: Tensor, Q: Optional[Tensor], g_all: Tensor, g_last: Optional[Tensor], h_all: Tensor,
               h0: Optional[Tensor], reset: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    gQ = torch.empty_like(P) if Q is not None else P.new_empty(0)
-    return torch.empty_like(P), gQ, torch.empty_like(g_all), g_all.new_empty(g_all.shape[0], g_all.shape[2])
+    # contiguous, as the real op returns them (empty_like would promise the inputs' strides)
+    gQ = P.new_empty(P.shape) if Q is not None else P.new_empty(0)
+    return P.new_empty(P.shape), gQ, g_all.new_empty(g_all.shape), g_all.new_empty(g_all.shape[0], g_all.shape[2])
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:

@@ -269,3 +269,9 @@ def test_opcheck(static, packed):
         y, h, entering = torch.ops.zoo.selective_scan_fwd(*plain)
         bwd_inputs = (torch.randn_like(y), torch.randn_like(h), *plain[:9], entering, 4)
         torch.library.opcheck(torch.ops.zoo.selective_scan_bwd.default, bwd_inputs, test_utils=("test_schema", "test_faketensor"))
+        # Mamba's u is a transposed view (the short convolution's output): the fakes must still promise the
+        # contiguous results the real ops return, or inductor's stride check fails compiled training
+        t = lambda x: x.transpose(-1, -2).contiguous().transpose(-1, -2)  # noqa: E731  same values, other strides
+        odd = (torch.randn_like(y), torch.randn_like(h), t(plain[0]), t(plain[1]), plain[2], t(plain[3]), t(plain[4]),
+               *plain[5:9], entering, 4)
+        torch.library.opcheck(torch.ops.zoo.selective_scan_bwd.default, odd, test_utils=("test_schema", "test_faketensor"))

@@ -108,7 +108,9 @@ def _bwd_fake(gy: Tensor, gh: Tensor, u: Tensor, delta: Tensor, A: Tensor, B: Te
               chunk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     bt, _, di = u.shape
     n = A.shape[1]
-    return (torch.empty_like(u), torch.empty_like(u), torch.empty_like(A), torch.empty_like(B), torch.empty_like(C),
+    # contiguous, as the real op returns them (empty_like would copy u's strides: Mamba's u is a transposed
+    # view of the short convolution's output, and inductor checks the strides a fake promises)
+    return (u.new_empty(u.shape), u.new_empty(u.shape), A.new_empty(A.shape), B.new_empty(B.shape), C.new_empty(C.shape),
             u.new_empty(di), u.new_empty(bt, di, n))
 
 
