@@ -39,7 +39,8 @@ def test_list_filters_and_json(capsys):
     rows = json.loads(capsys.readouterr().out)["backends"]
     names = {r["name"] for r in rows if r["provider"] == "zoo-core"}
     assert {r["name"] for r in rows if r["provider"] == "zoo-mamba"} >= {"scan:selective-naive", "scan:selective-chunked"}
-    assert names == {"kernel:naive", "kernel:vandermonde", "kernel:cauchy", "kernel:keops", "conv:naive", "conv:fft", "scan:naive", "scan:scan", "scan:chunked"}
+    assert names == {"kernel:naive", "kernel:vandermonde", "kernel:cauchy", "kernel:keops", "conv:naive", "conv:fft", "scan:naive",
+                     "scan:scan", "scan:chunked", "scan:cpu-scan", "scan:triton-diag"}
 
 
 def test_list_keeps_long_names_apart_from_their_descriptions(capsys):
