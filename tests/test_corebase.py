@@ -84,11 +84,12 @@ def test_device_type_goes_into_the_problem_and_pins_apply_there():
         paths = {"recurrent": ("scan",)}
         problem = Problem(structure="diag", lti=True)
         auto_backends = {"cpu": {"scan": "scan"}}
+        reference = {"scan": "naive"}  # what backend="naive" means (without it, naive is the unpinned auto choice)
 
         def __init__(self, d_model: int, backend: str = "auto", *, device=None, dtype=None) -> None:
             super().__init__()
 
-    assert Pinned(2).backend_choice.entries["scan"].name == "scan"  # pinned on cpu over the loop's priority
+    assert Pinned(2).backend_choice.entries["scan"].name == "scan"  # pinned on cpu over the C++ scan's priority
     assert Pinned(2, backend="naive").backend_choice.entries["scan"].name == "naive"
 
 

@@ -145,9 +145,15 @@ def test_a_real_ctrl_c_while_plugins_load_still_stops_the_command():
         time.sleep(1)  # the handler raises here
         return inline_plugin("late")
 
-    with pytest.raises(KeyboardInterrupt):
-        load_registry([PluginSource("slow", "zoo-slow", "0.1", "zoo_slow", pressed)])
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # our handler is gone again
+    # Python's own handler, as in a fresh `zoo` process: an earlier test in this process (a library such as
+    # torch's compile workers) may have left its own SIGINT handler, which CtrlC rightly defers to
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            load_registry([PluginSource("slow", "zoo-slow", "0.1", "zoo_slow", pressed)])
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # our handler is gone again
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 # 4. global torch state --------------------------------------------------------------------------

@@ -156,6 +156,11 @@ def _check_metrics(got: dict, entry) -> None:
     for m in entry.metrics:
         if m.metric.endswith("accuracy"):
             assert got[m.metric] == pytest.approx(m.value, abs=1e-6), m.metric
+        elif m.metric == "adaptive_flops_ratio":
+            # a per-sequence stopping decision at a threshold: an equally exact backend that rounds differently
+            # (auto now takes the fused C++ scan on CPU) may stop one sequence one block earlier or later,
+            # which moves the ratio by about 1 / (test sequences x depth) = 1 / (370 x 12) on JapaneseVowels
+            assert got[m.metric] == pytest.approx(m.value, abs=2.5e-4), m.metric
         else:
             assert got[m.metric] == pytest.approx(m.value, rel=1e-5), m.metric
 
