@@ -275,6 +275,52 @@ def test_backend_aliases_are_a_registry_feature():
     assert resolve("scan", problem=diag, **kw).entries["scan"].name == "scan"
 
 
+def test_auto_announces_a_fallback_once_and_only_for_an_unavailable_backend(caplog):
+    """A faster backend whose probe fails (or whose package is missing) is a fallback: one WARNING per
+    process, from the resolver, with the reason and the backend taken. One that does not serve the
+    problem (another device) is not. A probe is asked only once the problem fits, so a GPU kernel's
+    probe never runs for a CPU problem."""
+    import logging
+
+    from zoo_core.backends import resolve
+    from zoo_core.logs import reset_log_once
+    from zoo_core.plugin_registry import Problem
+
+    probed: list[str] = []
+
+    def gpu_only(p):
+        return None if p.device == "cuda" else f"CUDA tensors only, not {p.device!r}"
+
+    def broken_probe(p):
+        probed.append(p.device)
+        return "the kernel failed its self-test (test)"
+
+    def zoo_register_backends(register):
+        register("fused-gpu", "scan", "zoo_core.kernels.scan:scan_naive", priority=90, supports=gpu_only, probe=broken_probe)
+        register("fused-cpu", "scan", "zoo_core.kernels.scan:scan_naive", priority=80, probe=broken_probe)
+        register("needs-pkg", "scan", "zoo_core.kernels.scan:scan_naive", priority=70, requires=("zoo_no_such_pkg",))
+
+    reg = load_registry([*entry_point_sources(), inline_source("f", inline_plugin("f", zoo_register_backends=zoo_register_backends))])
+    kw = {"paths": {"r": ("scan",)}, "prefer": ("r",), "reference": {"scan": "naive"}, "registry": reg}
+    reset_log_once()
+    with caplog.at_level(logging.INFO, logger="zoo_core.backends"):
+        first = resolve("auto", problem=Problem(structure="diag"), who="core A", **kw)
+        resolve("auto", problem=Problem(structure="diag"), who="core B", **kw)
+    assert first.entries["scan"].name not in ("fused-gpu", "fused-cpu", "needs-pkg")
+    assert probed == ["cpu", "cpu"]  # fused-cpu's probe (real ones cache their verdict), never fused-gpu's on a CPU
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings  # each unavailable one once, though two cores resolved
+    (cpu,) = [w for w in warnings if "'fused-cpu'" in w]
+    assert "self-test (test)" in cpu and f"slower {first.entries['scan'].name!r}" in cpu and "core A" in cpu
+    (pkg,) = [w for w in warnings if "'needs-pkg'" in w]
+    assert "zoo_no_such_pkg" in pkg
+    assert not any("fused-gpu" in w for w in warnings)  # not for this device: no fallback
+    assert len([r for r in caplog.records if r.levelno == logging.INFO and "core A: backend auto" in r.getMessage()]) == 1
+    # a backend named in the setting is refused with the probe's reason, not announced
+    with pytest.raises(Exception, match="self-test"):
+        resolve("fused-cpu", problem=Problem(structure="diag"), who="core C", **kw)
+
+
 def test_capabilities_come_from_the_params_model_and_must_agree():
     from typing import ClassVar
 

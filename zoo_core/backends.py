@@ -101,17 +101,43 @@ class BoundOps:
         return self._get("attention")
 
 
-def _auto(reg: Registry, op: str, problem: Problem) -> tuple[BackendEntry | None, list[str]]:
-    skipped: list[str] = []
+@dataclass(frozen=True)
+class Skip:
+    """A backend ``auto`` passed over, ranked above the one it took: why, and whether that is a fallback."""
+
+    entry: BackendEntry
+    reason: str
+    unavailable: bool  # it would serve the problem but cannot run here (see BackendEntry.check)
+
+    def __str__(self) -> str:
+        return f"{self.entry.op}:{self.entry.name} ({self.reason})"
+
+
+def _auto(reg: Registry, op: str, problem: Problem) -> tuple[BackendEntry | None, list[Skip]]:
+    skipped: list[Skip] = []
     for entry in reg.backends_for(op, problem.device):
-        reason = entry.supports(problem)
+        reason, unavailable = entry.check(problem)
         if reason is None:
             return entry, skipped
-        skipped.append(f"{op}:{entry.name} ({reason})")
+        skipped.append(Skip(entry, reason, unavailable))
     return None, skipped
 
 
-def _fill(reg: Registry, ops: Sequence[str], fixed: Mapping[str, str], problem: Problem, who: str) -> dict[str, BackendEntry]:
+def _announce(who: str, skipped: Sequence[Skip], chosen: Mapping[str, BackendEntry]) -> None:
+    """Log once per process each faster backend that would serve but cannot run here, with its reason.
+
+    This is the one place a fallback is announced: a backend's probe only returns its reason."""
+    for s in skipped:
+        if s.unavailable:
+            taken = chosen[s.entry.op].name
+            log_once(log, logging.WARNING, ("fallback", s.entry.op, s.entry.name, s.reason, taken),
+                     "%s: the faster %s backend %r is unavailable here, so auto takes the slower %r (first for %s): %s",
+                     s.entry.op, s.entry.op, s.entry.name, taken, who, s.reason)
+
+
+def _fill(reg: Registry, ops: Sequence[str], fixed: Mapping[str, str], problem: Problem, who: str,
+          skipped: list[Skip] | None = None) -> dict[str, BackendEntry]:
+    """One backend per op: the named one where ``fixed`` names it, else ``auto``'s (its passes appended to ``skipped``)."""
     out: dict[str, BackendEntry] = {}
     for op in ops:
         if op in fixed:
@@ -121,10 +147,12 @@ def _fill(reg: Registry, ops: Sequence[str], fixed: Mapping[str, str], problem: 
                 raise BackendUnavailableError(f"{op} backend {entry.name!r} cannot serve {who}: {reason}.")
             out[op] = entry
         else:
-            found, skipped = _auto(reg, op, problem)
+            found, passed = _auto(reg, op, problem)
             if found is None:
-                raise BackendUnavailableError(f"no {op} backend can serve {who}; tried " + "; ".join(skipped))
+                raise BackendUnavailableError(f"no {op} backend can serve {who}; tried " + "; ".join(map(str, passed)))
             out[op] = found
+            if skipped is not None:
+                skipped.extend(passed)
     return out
 
 
@@ -157,29 +185,45 @@ def resolve(
     pinned = dict(pinned or {})
     if setting == "naive":
         setting = dict(reference)
+    skipped: list[Skip] = []  # auto's passes over faster backends, for the ops left to it
     if isinstance(setting, str) and setting in paths and not any(n == setting for _, n in registry.backends):
         # a path's name (e.g. LrcSSM's "deer"): that computation, each of its ops on auto (or pinned)
         fixed = {op: pinned[op] for op in paths[setting] if op in pinned}
-        return BackendChoice(setting, _fill(registry, paths[setting], fixed, problem, who), f"path {setting!r} requested")
-    if isinstance(setting, str) and setting != "auto":
+        choice = BackendChoice(setting, _fill(registry, paths[setting], fixed, problem, who, skipped),
+                               f"path {setting!r} requested")
+    elif isinstance(setting, str) and setting != "auto":
         path, op = _path_for_name(registry, paths, prefer, setting, who)
-        return BackendChoice(path, _fill(registry, paths[path], {op: setting}, problem, who), f"{setting!r} requested")
-    if isinstance(setting, Mapping):
+        choice = BackendChoice(path, _fill(registry, paths[path], {op: setting}, problem, who, skipped),
+                               f"{setting!r} requested")
+    elif isinstance(setting, Mapping):
         bad = [op for op in setting if not any(op in ops for ops in paths.values())]
         exact = [p for p in prefer if set(setting) == set(paths[p])]
         for path in exact + list(prefer):
             if not bad and set(setting) <= set(paths[path]):
-                return BackendChoice(path, _fill(registry, paths[path], setting, problem, who), "requested")
-        layout = "; ".join(f"{p} uses {'+'.join(ops)}" for p, ops in paths.items())
-        raise BackendUnavailableError(f"backend setting {dict(setting)} does not fit {who}: {layout}.")
+                choice = BackendChoice(path, _fill(registry, paths[path], setting, problem, who, skipped), "requested")
+                break
+        else:
+            layout = "; ".join(f"{p} uses {'+'.join(ops)}" for p, ops in paths.items())
+            raise BackendUnavailableError(f"backend setting {dict(setting)} does not fit {who}: {layout}.")
+    else:
+        choice = _auto_path(registry, paths, prefer, problem, who, pinned, skipped)
+    _announce(who, skipped, choice.entries)
+    return choice
+
+
+def _auto_path(reg: Registry, paths: Mapping[str, tuple[str, ...]], prefer: Sequence[str], problem: Problem, who: str,
+               pinned: Mapping[str, str], skipped: list[Skip]) -> BackendChoice:
+    """``auto``: the first path in ``prefer`` whose ops all have a backend; logged once with its reason."""
     errors = []
     for path in prefer:
         fixed = {op: pinned[op] for op in paths[path] if op in pinned}
+        passed: list[Skip] = []
         try:
-            entries = _fill(registry, paths[path], fixed, problem, who)
+            entries = _fill(reg, paths[path], fixed, problem, who, passed)
         except BackendUnavailableError as exc:
             errors.append(str(exc))
             continue
+        skipped.extend(passed)
         how = (f"the core pins {fixed} on {problem.device} (measured fastest there)" if fixed
                else f"highest priority on {problem.device} wins")
         choice = BackendChoice(path, entries,

@@ -36,7 +36,7 @@ class RegisterBackend(Protocol):
 
     def __call__(self, name: str, op: str, target: Any, *, priority: int = 0, supports: Callable[[Any], str | None] | None = None,
                  requires: Sequence[str] = (), description: str = "", device_priority: Mapping[str, int] | None = None,
-                 aliases: Sequence[str] = ()) -> None: ...
+                 aliases: Sequence[str] = (), probe: Callable[[Any], str | None] | None = None) -> None: ...
 
 
 class RegisterDiscretizer(Protocol):
@@ -75,11 +75,15 @@ def zoo_register_discretizers(register: RegisterDiscretizer) -> None:
 def zoo_register_backends(register: RegisterBackend) -> None:
     """Register kernel backends.
 
-    ``register(name, op, target, *, priority=0, supports=None, requires=(), description='', device_priority=None, aliases=())``;
+    ``register(name, op, target, *, priority=0, supports=None, requires=(), description='', device_priority=None,
+    aliases=(), probe=None)``;
     ``op`` is ``"kernel"``, ``"conv"`` or ``"scan"``; ``target`` implements the op's Protocol
     (``zoo_core.protocols.KernelOp``, ``ConvOp``, ``ScanOp``, ``SelectiveScanOp``);
     ``supports(problem) -> str | None`` returns the reason it cannot serve a problem (``None`` means
-    it can); ``requires`` names importable packages it needs; ``device_priority`` maps a device type
+    it can; it looks at the problem only and imports nothing optional); ``requires`` names importable
+    packages it needs; ``probe(problem) -> str | None``, asked only once ``supports`` and ``requires``
+    pass, is a run-time check (a kernel compiles, a library passes a self-test) whose reason makes
+    ``auto`` announce the slower backend it takes instead; ``device_priority`` maps a device type
     to the priority ``auto`` uses there; ``aliases`` are other names a spec may use for it (a name
     another backend of the op already has is used for this one only where that one cannot serve).
     """

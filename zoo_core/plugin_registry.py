@@ -125,6 +125,7 @@ class BackendEntry:
     provider: Provider
     device_priority: Mapping[str, int] = field(default_factory=dict)
     aliases: tuple[str, ...] = ()  # other names a spec may use for it (where no backend of the op has that name and serves the core)
+    probe_fn: Callable[[Problem], str | None] | None = None  # run-time check, asked only once the problem fits
 
     def rank(self, device: str) -> int:
         """``auto``'s preference on a device type ("cpu", "cuda", ...): higher wins."""
@@ -137,12 +138,28 @@ class BackendEntry:
                 return f"package {mod!r} is not installed"
         return None
 
-    def supports(self, problem: Problem) -> str | None:
-        """None if this backend can serve ``problem``, else the reason it cannot."""
-        reason = self.unavailable_reason()
-        if reason is None and self.supports_fn is not None:
+    def check(self, problem: Problem) -> tuple[str | None, bool]:
+        """(reason, unavailable): None if this backend can serve ``problem``, else why not.
+
+        ``unavailable`` tells the two kinds of "no" apart. False: the problem is not one it serves
+        (another device, structure or dtype), nothing the user can change. True: it would serve it
+        but cannot run in this process (a required package is missing, its run-time probe failed:
+        a kernel that does not compile, a library that fails its self-test), a fallback that
+        ``auto`` announces. The problem is asked first, so a GPU-only backend whose package is
+        missing is simply "not for a CPU" on a CPU.
+        """
+        if self.supports_fn is not None:
             reason = self.supports_fn(problem)
-        return reason
+            if reason is not None:
+                return reason, False
+        reason = self.unavailable_reason()
+        if reason is None and self.probe_fn is not None:
+            reason = self.probe_fn(problem)
+        return reason, reason is not None
+
+    def supports(self, problem: Problem) -> str | None:
+        """None if this backend can serve ``problem`` here, else the reason it cannot."""
+        return self.check(problem)[0]
 
     def load(self) -> Callable[..., Any]:
         return _resolve(self.target, self.provider)

@@ -201,11 +201,11 @@ def _make_register(kind: str, prov: Provider, out: list[tuple[Any, Any]]) -> Cal
 
     def register_backend(name: str, op: str, target: Any, *, priority: int = 0, supports: Callable[[Problem], str | None] | None = None,
                          requires: Sequence[str] = (), description: str = "", device_priority: Mapping[str, int] | None = None,
-                         aliases: Sequence[str] = ()) -> None:
+                         aliases: Sequence[str] = (), probe: Callable[[Problem], str | None] | None = None) -> None:
         if op not in OPS:
             raise ValueError(f"backend {name!r}: op must be one of {OPS}, not {op!r}")
         out.append(((op, name), BackendEntry(name, op, target, priority, supports, tuple(requires), description, prov,
-                                             dict(device_priority or {}), tuple(aliases))))
+                                             dict(device_priority or {}), tuple(aliases), probe)))
 
     def register_discretizer(name: str, target: Any, *, structures: Iterable[str] = ("diag",), description: str = "") -> None:
         out.append((name, DiscretizerEntry(name, target, frozenset(structures), description, prov)))

@@ -234,10 +234,14 @@ def test_unavailable_kernel_falls_back_to_the_loop_and_says_why(monkeypatch: pyt
 
     monkeypatch.setattr(cpp, "unavailable_reason", lambda name: "no C++ compiler: 'c++' is not on PATH (test)")
     reset_log_once()
-    with caplog.at_level(logging.WARNING, logger="zoo_core.kernels.scan_cpu"):
+    with caplog.at_level(logging.WARNING, logger="zoo_core.backends"):
         assert LRU(d_model=2, d_state=4).backend_choice.label() == "recurrent: scan=naive"
         LRU(d_model=2, d_state=4)
-    said = [r.getMessage() for r in caplog.records if "fused C++ CPU scan" in r.getMessage()]
-    assert len(said) == 1 and "not on PATH" in said[0] and "loop" in said[0]
+    said = [r for r in caplog.records if "'cpu-scan' is unavailable" in r.getMessage()]
+    # once per process, at WARNING, naming the slower backend taken and the fix's cue
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert "not on PATH" in said[0].getMessage() and "slower 'naive'" in said[0].getMessage()
     entry = get_registry().backend("scan", "cpu-scan")
-    assert "not on PATH" in (entry.supports(Problem(structure="diag")) or "")
+    assert entry.check(Problem(structure="diag")) == ("no C++ compiler: 'c++' is not on PATH (test)", True)
+    # a problem it does not serve is a plain "no", never an announced fallback
+    assert entry.check(Problem(structure="diag", device="cuda"))[1] is False

@@ -39,44 +39,45 @@ def _kernel(*allowed: str) -> Supports:
 
 
 def _triton_diag(p: Problem) -> str | None:
-    """Diagonal systems on CUDA tensors, once the kernel has passed a run-time check (cached per process).
+    """Diagonal systems on CUDA tensors.
 
     The device is checked first: Mamba's Triton kernel shares the spec name ``triton``, and on a CPU the
     reason a user reads (from whichever of the two comes first) is then the true one for either core."""
     reason = None if p.device == "cuda" else f"the Triton kernels run on CUDA tensors only, not {p.device!r}"
-    reason = reason or _structures("diag")(p)
-    if reason is None:
-        try:
-            from ..kernels.triton_diag import triton_runtime_reason  # lazy: keeps torch and triton out of backends
-        except Exception as exc:  # an installed but broken triton raises anything
-            return f"triton does not import ({type(exc).__name__}: {exc}); pip install 'zoo-core[triton]'"
-        reason = triton_runtime_reason()
-    return reason
+    return reason or _structures("diag")(p)
+
+
+def _triton_diag_probe(p: Problem) -> str | None:
+    """The kernel has passed a run-time check on this GPU (cached per process)."""
+    try:
+        from ..kernels.triton_diag import triton_runtime_reason  # lazy: keeps torch and triton out of backends
+    except Exception as exc:  # an installed but broken triton raises anything
+        return f"triton does not import ({type(exc).__name__}: {exc}); pip install 'zoo-core[triton]'"
+    return triton_runtime_reason()
 
 
 def _cpu_scan(p: Problem) -> str | None:
-    """Diagonal (real or complex) and real 2×2-block systems on CPU tensors, once the C++ kernel is built
-    (compiled on first use, cached; a missing compiler or ninja is the reason, logged once)."""
+    """Diagonal (real or complex) and real 2×2-block systems on CPU tensors."""
     reason = None if p.device == "cpu" else f"the fused C++ scan runs on CPU tensors only, not {p.device!r}"
     reason = reason or _structures("diag", "block2x2")(p)
     if reason is None and p.structure == "block2x2" and p.complex:
         reason = "the fused C++ scan computes real 2x2 blocks only (no core uses complex ones)"
-    if reason is None:
-        from ..kernels.scan_cpu import unavailable_reason  # lazy: imports torch and builds the kernel once
-
-        reason = unavailable_reason()
     return reason
 
 
-def _keops_supports(p: Problem) -> str | None:
-    """DPLR only, and only once pykeops has passed a run-time check (cached per process).
+def _cpu_scan_probe(p: Problem) -> str | None:
+    """The C++ kernel is built and loaded (compiled on first use, cached; else why not: no compiler, no ninja)."""
+    from ..kernels.scan_cpu import unavailable_reason  # lazy: imports torch and builds the kernel once
+
+    return unavailable_reason()
+
+
+def _keops_probe(p: Problem) -> str | None:
+    """pykeops has passed a run-time check (cached per process).
 
     ``requires`` has already found the package; the check imports it and runs a tiny kernel
     against kernel_cauchy, since a pykeops that imports may still fail to compile.
     """
-    reason = _kernel("dplr")(p)
-    if reason is not None:
-        return reason
     from ..kernels.keops import runtime_reason  # imports torch: only when asked  # lazy: keeps torch out of backends
 
     return runtime_reason()
@@ -95,7 +96,7 @@ def zoo_register_backends(register: RegisterBackend) -> None:
              description="DPLR (S4) systems: generating function at the roots of unity, four chunked Cauchy sums and a "
                          "division-free rank-1 Woodbury, then irfft; memory O(H·(N + L)) plus one chunk")
     register("keops", "kernel", "zoo_core.kernels.keops:kernel_cauchy_keops", priority=5,
-             supports=_keops_supports, requires=("pykeops",),
+             supports=_kernel("dplr"), requires=("pykeops",), probe=_keops_probe,
              description="DPLR (S4) systems: kernel_cauchy with the four Cauchy sums fused in one pykeops reduction "
                          "(JIT-compiled on first use); optional: pip install pykeops")
     register("naive", "conv", "zoo_core.kernels.conv:conv_naive", priority=0, supports=_lti_only,
@@ -114,13 +115,13 @@ def zoo_register_backends(register: RegisterBackend) -> None:
              supports=_structures("diag", "block2x2"),
              description="parallel: chunked log-depth (Hillis–Steele within chunks, recursive over chunk carries)")
     # On CPU the fused C++ kernel beats the loop (benchmarks/REPORT_SCAN.md); off the CPU it refuses, and its
-    # base priority below naive's keeps it out of the skipped-faster-backend notes there.
+    # base priority below naive's keeps it out of auto's passed-over notes there.
     register("cpu-scan", "scan", "zoo_core.kernels.scan_cpu:scan_cpu", priority=-10, device_priority={"cpu": 15},
-             supports=_cpu_scan, aliases=("cpu",),
+             supports=_cpu_scan, probe=_cpu_scan_probe, aliases=("cpu",),
              description="diagonal (real or complex) and 2x2-block systems by the zoo's fused C++ kernel (CPU tensors; one "
                          "streaming pass per step, adjoint backward); compiled on first use (g++, pip install ninja); "
                          "spec name 'cpu'")
     register("triton-diag", "scan", "zoo_core.kernels.triton_diag:scan_triton", priority=20, supports=_triton_diag,
-             requires=("triton",), aliases=("triton",),
+             requires=("triton",), probe=_triton_diag_probe, aliases=("triton",),
              description="diagonal systems, real or complex, by a Triton kernel (CUDA tensors, after a run-time check); "
                          "optional: pip install 'zoo-core[triton]'; spec name 'triton'")

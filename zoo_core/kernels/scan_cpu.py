@@ -41,15 +41,10 @@ _KERNEL_DTYPES = (torch.float32, torch.float64, torch.complex64, torch.complex12
 def unavailable_reason() -> Optional[str]:
     """None once the C++ kernel is built and loaded in this process (building it if needed), else why not.
 
-    A reason is also logged once (WARNING): ``auto`` then takes the sequential PyTorch loop on CPUs,
-    several times slower, and the user should learn why and how to fix it.
+    The backend's probe: ``zoo_core.backends`` announces the fallback (once, with this reason) when
+    ``auto`` passes over the kernel because of it.
     """
-    reason = cpp.unavailable_reason(KERNEL)
-    if reason is not None:
-        log_once(log, logging.WARNING, ("unavailable", reason),
-                 "the fused C++ CPU scan (diagonal and 2x2-block) is unavailable, so backend auto uses the slower "
-                 "sequential PyTorch loop: %s", reason)
-    return reason
+    return cpp.unavailable_reason(KERNEL)
 
 
 def _ext() -> Any:

@@ -168,11 +168,13 @@ def test_auto_on_cpu_picks_the_cpp_kernel():
 def test_unavailable_kernel_falls_back_to_chunked_and_says_why(monkeypatch, caplog):
     monkeypatch.setattr(cpp, "unavailable_reason", lambda name: "no C++ compiler: 'c++' is not on PATH (test)")
     reset_log_once()
-    with caplog.at_level(logging.WARNING, logger="zoo_mamba.cpu_kernel"):
+    with caplog.at_level(logging.WARNING, logger="zoo_core.backends"):
         assert Mamba(4).backend_choice.label() == "selective: scan=selective-chunked"
         Mamba(4)
-    said = [r.getMessage() for r in caplog.records if "fused C++" in r.getMessage()]
-    assert len(said) == 1 and "not on PATH" in said[0] and "chunked" in said[0]
+    said = [r.getMessage() for r in caplog.records if "'selective-cpu' is unavailable" in r.getMessage()]
+    assert len(said) == 1 and "not on PATH" in said[0] and "slower 'selective-chunked'" in said[0]
+    # the GPU-only backends ranked above it are not fallbacks on a CPU: no warning names them
+    assert not [r for r in caplog.records if "selective-cuda" in r.getMessage() or "selective-triton" in r.getMessage()]
     entry = get_registry().backend("scan", "selective-cpu")
     assert "not on PATH" in entry.supports(Problem(structure="selective", lti=False))
 

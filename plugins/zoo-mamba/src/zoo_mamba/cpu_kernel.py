@@ -16,33 +16,25 @@ inputs of other dtypes through ordinary autograd.
 
 # No ``from __future__ import annotations``: torch.library reads the op schema from real annotations.
 
-import logging
 from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
 from zoo_core.kernels import cpp
-from zoo_core.logs import log_once
 
 from .scan import CHUNK, _check, compute_dtype
 
 KERNEL = "selective_scan"
-log = logging.getLogger("zoo_mamba.cpu_kernel")
 
 
 def unavailable_reason() -> Optional[str]:
     """None once the C++ kernel is built and loaded in this process (building it if needed), else why not.
 
-    A reason is also logged once (WARNING): ``auto`` then takes the PyTorch chunked path, several
-    times slower on CPUs, and the user should learn why and how to fix it.
+    The backend's probe: ``zoo_core.backends`` announces the fallback (once, with this reason) when
+    ``auto`` passes over the kernel because of it.
     """
-    reason = cpp.unavailable_reason(KERNEL)
-    if reason is not None:
-        log_once(log, logging.WARNING, ("unavailable", reason),
-                 "Mamba's fused C++ CPU selective scan is unavailable, so backend auto uses the slower chunked "
-                 "PyTorch path: %s", reason)
-    return reason
+    return cpp.unavailable_reason(KERNEL)
 
 
 def _ext() -> Any:

@@ -43,24 +43,27 @@ def _cuda(p: Problem) -> str | None:
     reason = _selective(p)
     if reason is None and p.device != "cuda":
         reason = f"mamba-ssm's fused kernel runs on CUDA tensors only, not {p.device!r}"
-    if reason is None:
-        from .scan import cuda_runtime_reason  # imports torch and mamba_ssm: only when asked
-
-        reason = cuda_runtime_reason()
     return reason
+
+
+def _cuda_probe(p: Problem) -> str | None:
+    from .scan import cuda_runtime_reason  # imports torch and mamba_ssm: only when asked
+
+    return cuda_runtime_reason()
 
 
 def _triton(p: Problem) -> str | None:
     # the device first: zoo-core's diagonal Triton scan shares the spec name 'triton' (see its _triton_diag)
     reason = None if p.device == "cuda" else f"the Triton kernels run on CUDA tensors only, not {p.device!r}"
-    reason = reason or _selective(p)
-    if reason is None:
-        try:
-            from .triton_scan import triton_runtime_reason  # imports torch and triton: only when asked
-        except Exception as exc:  # an installed but broken triton raises anything
-            return f"triton does not import ({type(exc).__name__}: {exc}); pip install 'zoo-mamba[triton]'"
-        reason = triton_runtime_reason()
-    return reason
+    return reason or _selective(p)
+
+
+def _triton_probe(p: Problem) -> str | None:
+    try:
+        from .triton_scan import triton_runtime_reason  # imports torch and triton: only when asked
+    except Exception as exc:  # an installed but broken triton raises anything
+        return f"triton does not import ({type(exc).__name__}: {exc}); pip install 'zoo-mamba[triton]'"
+    return triton_runtime_reason()
 
 
 def _cpu(p: Problem) -> str | None:
@@ -69,11 +72,13 @@ def _cpu(p: Problem) -> str | None:
         reason = f"the fused C++ kernel runs on CPU tensors only, not {p.device!r}"
     if reason is None and p.dtype not in ("float32", "float64", "float16", "bfloat16"):
         reason = f"the fused C++ kernel computes in float32 or float64, not {p.dtype}"
-    if reason is None:
-        from .cpu_kernel import unavailable_reason  # imports torch and builds the kernel once: only when asked
-
-        reason = unavailable_reason()
     return reason
+
+
+def _cpu_probe(p: Problem) -> str | None:
+    from .cpu_kernel import unavailable_reason  # imports torch and builds the kernel once: only when asked
+
+    return unavailable_reason()
 
 
 @hookimpl
@@ -89,17 +94,18 @@ def zoo_register_backends(register: RegisterBackend) -> None:
              aliases=("scan",), description="Mamba's selective scan in chunks with a recomputing backward (reverse scan "
                                             "per chunk); never holds B·L·D·N; spec name 'scan'")
     register("selective-cuda", "scan", "zoo_mamba.scan:selective_scan_cuda", priority=20, supports=_cuda,
-             requires=("mamba_ssm",), aliases=("cuda",),
+             requires=("mamba_ssm",), probe=_cuda_probe, aliases=("cuda",),
              description="Mamba's selective scan by mamba-ssm's fused CUDA kernel (GPU tensors, after a run-time "
                          "check); optional: pip install mamba-ssm; spec name 'cuda'")
-    register("selective-cpu", "scan", "zoo_mamba.cpu_kernel:selective_scan_cpu", priority=15, supports=_cpu, aliases=("cpu",),
+    register("selective-cpu", "scan", "zoo_mamba.cpu_kernel:selective_scan_cpu", priority=15, supports=_cpu, probe=_cpu_probe,
+             aliases=("cpu",),
              description="Mamba's selective scan by the zoo's fused C++ kernel (CPU tensors; SIMD over channels, one pass "
                          "per step, backward from chunk-entry states); compiled on first use (g++, pip install ninja); "
                          "spec name 'cpu'")
     # Below mamba-ssm's kernel (20): where that one is installed and passes its check it stays auto's choice
     # until gpu_check.py's figures say otherwise; above the C++ CPU (15) and chunked (10) paths.
     register("selective-triton", "scan", "zoo_mamba.triton_scan:selective_scan_triton", priority=18, supports=_triton,
-             requires=("triton",), aliases=("triton",),
+             requires=("triton",), probe=_triton_probe, aliases=("triton",),
              description="Mamba's selective scan by Triton kernels (CUDA tensors, after a run-time check; h0, final-state "
                          "gradient and packed documents included); optional: pip install zoo-mamba[triton]; spec name 'triton'")
 
