@@ -111,7 +111,10 @@ def _prefix_state(core: Any, B: int) -> dict[str, Tensor]:
 # compile ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", _each(CORES))
 def test_compile_forward_and_backward_match_eager(name: str) -> None:
-    core = _core(name)
+    _check_compile(_core(name))
+
+
+def _check_compile(core: Any) -> None:
     compiled = torch.compile(core, fullgraph=True, backend="aot_eager")  # a graph break raises
     x = _x(2, 9)
     y_ref, g_ref = _grads(core, core, x)
@@ -155,12 +158,30 @@ def test_export_step_with_dynamic_batch(name: str) -> None:
 
 @pytest.mark.parametrize("name", _each(CORES))
 def test_export_forward_with_dynamic_batch(name: str) -> None:
-    core = _core(name).eval()
+    _check_export_batch(_core(name).eval())
+
+
+def _check_export_batch(core: Any) -> None:
     with torch.no_grad():
         run = export_forward(core, _x(2, 9)).module()
         for B in (2, 3):
             x = _x(B, 9, seed=B)
             _close(f"exported forward (B={B})", core(x), run(x))
+
+
+# The slower paths auto takes where a fused C++ kernel cannot be built (no compiler, no ninja): a user
+# there still compiles and exports. (Found: the chunked selective scan's transposed gradients broke
+# the compiled backward.)
+FALLBACKS = [("mamba", "selective-chunked"), ("lru", "naive"), ("s5", "naive"), ("linoss", "naive")]
+
+
+@pytest.mark.parametrize(("name", "backend"), FALLBACKS)
+def test_fallback_paths_compile_and_export(name: str, backend: str) -> None:
+    torch._dynamo.reset()
+    core = case_from_registry(name, d_model=D).make(dtype=F64, backend=backend)
+    assert backend in core.backend_choice.label()
+    _check_compile(core)
+    _check_export_batch(core.eval())
 
 
 def _length_blocker(name: str, core: Any) -> str | None:

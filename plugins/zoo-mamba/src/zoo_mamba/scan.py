@@ -211,6 +211,11 @@ class _Ends:
         G[self.t[k] - t0, self.b[k]] += g[self.slot[k]]  # (t, b) pairs are distinct: no accumulation needed
 
 
+def _batch_major(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """(L, Bt, ...) time-major -> (Bt, L, ...) in ``dtype``, always a fresh contiguous copy (see backward)."""
+    return t.transpose(0, 1).clone(memory_format=torch.contiguous_format).to(dtype)
+
+
 class _SelectiveScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, u: Tensor, delta: Tensor, A: Tensor, Bm: Tensor, Cm: Tensor, D: Tensor | None,
@@ -293,9 +298,13 @@ class _SelectiveScan(torch.autograd.Function):
             g_u.addcmul_(gyc, D.to(ct))
             gD = (gyc * uc).sum((0, 1))
         du, dd, dA_, dB, dC, dD, dh0 = ctx.dtypes
+        # fresh batch-major copies: under torch.compile the backward is traced with fake tensors, where a
+        # buffer from empty_like of a transposed input, filled in place, has other strides than it gets when
+        # the functionalized graph runs; a view of softplus_backward's result then failed at run time.
+        # (.contiguous() or .to(memory_format=...) is a no-op where the fake already looks contiguous.)
         return (
-            g_u.transpose(0, 1).to(du), g_delta.transpose(0, 1).to(dd), gA.to(dA_),
-            (gB if static_B else gB.transpose(0, 1)).to(dB), (gC if static_C else gC.transpose(0, 1)).to(dC),
+            _batch_major(g_u, du), _batch_major(g_delta, dd), gA.to(dA_),
+            gB.to(dB) if static_B else _batch_major(gB, dB), gC.to(dC) if static_C else _batch_major(gC, dC),
             None if gD is None else gD.to(dD), lam.to(dh0) if has_h0 else None, None, None, None,
         )
 
