@@ -76,9 +76,13 @@ def _fwd_fake(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Opti
               starts: Optional[Tensor], ends: Optional[Tensor], chunk: int) -> tuple[Tensor, Tensor, Tensor]:
     bt, L, di = u.shape
     n = A.shape[1]
-    T = max(1, min(chunk, L))
-    rows = bt if ends is None else torch.library.get_ctx().new_dynamic_size()  # how many ends: data-dependent
-    return u.new_empty(bt, L, di), u.new_empty(rows, di, n), u.new_empty(bt, (L + T - 1) // T, n, di)
+    ctx = torch.library.get_ctx()
+    rows = bt if ends is None else ctx.new_dynamic_size()  # how many ends: data-dependent
+    # ceil(L / min(chunk, L)) chunk states, only ever read by the backward op. As an expression in a
+    # symbolic L, every tensor of that size asks "is it 1?" and export pins L to one side of chunk; as
+    # an unbacked size (>= 1) of its own it asks nothing, and the length stays dynamic.
+    nchunks = ctx.new_dynamic_size(min=1) if isinstance(L, torch.SymInt) else (L + chunk - 1) // chunk
+    return u.new_empty(bt, L, di), u.new_empty(rows, di, n), u.new_empty(bt, nchunks, n, di)
 
 
 @torch.library.custom_op("zoo::selective_scan_bwd", mutates_args=(), device_types="cpu")
