@@ -49,8 +49,6 @@ HEAVY = {"gdn", "mamba2", "mamba3", "lrcssm", "rglru"}
 LOOP_SCAN_CORES = {"lru", "s5", "s5-bidirectional", "linoss", "rglru"}
 OPAQUE_SCANS = {"cpu-scan"}
 LENGTH_STATIC: dict[str, str] = {
-    "s4d": ("the Vandermonde kernel's block size ceil(sqrt(L)) (zoo_core/kernels/kernel.py block_size) is a "
-            "Python int computed from L"),
     "s4": ("the Cauchy kernel's length max(l_max, L) is the FFT's size (irfft n, F = n//2 + 1 nodes): the "
            "FFT's size guards (parity, divisibility of n) hold for one L, not all"),
     "lrcssm": ("under compile/export LrcSSM runs its exact sequential loop (DEER's convergence test is "

@@ -4,7 +4,7 @@ Dimensions:
     H: channels.
     N: state size per channel.
     L: kernel length.
-    T: block length of the blocked Vandermonde product (about √L).
+    T: block length of the blocked Vandermonde product (about √L; ``vandermonde.block_size``).
     J: number of blocks, ceil(L / T).
 """
 
@@ -16,14 +16,15 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from ..discretize import real_dtype
 from .dplr import kernel_dplr_naive
 from .naive import check_length as _check_length
-from .naive import common as _common
 from .naive import flush_subnormal
 from .naive import naive_dense as _naive_dense
 from .naive import naive_diag as _naive_diag
 from .systems import DenseSystem, DiagSystem, DPLRSystem
+from .vandermonde import block_size, kernel_from_parts
+
+__all__ = ["block_size", "exp_flushed", "kernel_naive", "kernel_vandermonde", "powers"]
 
 
 def kernel_naive(system: DiagSystem | DenseSystem | DPLRSystem, L: int) -> Tensor:
@@ -47,11 +48,6 @@ def kernel_naive(system: DiagSystem | DenseSystem | DPLRSystem, L: int) -> Tenso
     raise TypeError(
         f"kernel_naive takes a DiagSystem, DenseSystem or DPLRSystem, got {type(system).__name__}"
     )
-
-
-def block_size(L: int) -> int:
-    """Block length T of the blocked Vandermonde product: ceil(√L) minimises T + L/T."""
-    return max(1, math.ceil(math.sqrt(L)))
 
 
 def exp_flushed(z: Tensor) -> Tensor:
@@ -139,19 +135,13 @@ def kernel_vandermonde(system: DiagSystem, L: int) -> Tensor:
         system: ``DiagSystem`` with log_a, w: (H, N), real or complex, float32 or float64.
         L: kernel length, at least 1.
 
+    One custom op (``zoo.kernels.vandermonde``: ``zoo::vandermonde_kernel``) with an analytic
+    backward, so ``torch.export`` keeps L symbolic and the backward keeps no graph of the powers.
+
     Returns:
         (H, L) real kernel, ``K_l = Re Σ_n w_n exp(l · log_a_n)``, with no subnormal entry.
     """
     _check_length(L)
     if not isinstance(system, DiagSystem):
         raise TypeError(f"kernel_vandermonde takes a DiagSystem, got {type(system).__name__}")
-    log_a, w = _common(system.log_a, system.w)  # (H, N), (H, N)
-    T = block_size(L)
-    J = math.ceil(L / T)
-    real = real_dtype(log_a.dtype)
-    t = torch.arange(T, dtype=real, device=log_a.device)  # (T)
-    j = torch.arange(J, dtype=real, device=log_a.device) * T  # (J)
-    inner = powers(log_a, t)  # (H, N, T)
-    outer = flush_subnormal(w[..., None] * powers(log_a, j))  # (H, N, J)
-    K = flush_subnormal(torch.real(outer.transpose(-1, -2) @ inner))  # (H, J, T)
-    return K.reshape(K.shape[0], J * T)[:, :L]  # (H, L)
+    return kernel_from_parts(system.log_a, system.w, L)  # (H, L)
