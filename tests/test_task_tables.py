@@ -104,6 +104,11 @@ def test_run_is_resumable(tmp_path: Path) -> None:
     acc = [json.loads(x)["accuracy"] for x in out.read_text().splitlines()]
     assert [json.loads(x)["accuracy"] for x in streamed.read_text().splitlines()] == pytest.approx(acc)
     assert np.isfinite(acc).all()
+    # a committed results row whose run folder is not on this machine is skipped, and says so; nothing written
+    gone = tmp_path / "gone.jsonl"
+    results.write_text(json.dumps({**row, "model_dir": "lru/not-here"}) + "\n")
+    assert ex.run_results(results, tmp_path / "runs", gone, **kw) == 0
+    assert not gone.exists()
 
 
 # TASKS.md ------------------------------------------------------------------------------------------

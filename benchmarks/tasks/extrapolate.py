@@ -249,6 +249,10 @@ def run_results(results: Path, output: Path, out: Path, *, max_length: int | Non
         if not missing:
             continue
         model_dir = output / cell["model_dir"]
+        if not model_dir.is_dir():  # the results JSONL is committed, the run folders are not
+            print(f"{cell['key']}: skipped, its trained model {model_dir} is not on this machine "
+                  f"(rerun the cell: zoo sweep trains again a finished cell whose folder is gone)", flush=True)
+            continue
         model = load_pretrained(model_dir).eval()
         ok, _ = streamable(model)
         grows = any((hp := getattr(c, "hparams", None)) is not None and hp.grows_state() for c in model.cores())

@@ -51,7 +51,9 @@ def test_a_rerun_skips_finished_cells_and_retries_failed_or_incomplete_ones(tmp_
     (sweep.output / "tiny/BasicMotions/seed-1/lr-0.1/seed-1/lr-0.1/result.json").unlink()  # its run is not complete
     with sweep.results.open("a") as f:
         f.write('{"key": "tiny/Basic')  # a line cut short by a kill
-    summary = run_sweep(sweep, workers=2, progress=Progress(quiet=True))
+    log = io.StringIO()
+    summary = run_sweep(sweep, workers=2, progress=Progress(log, bar=False))
+    assert "3 to run (1 of them have a results row but no finished run folder here: trained again)" in log.getvalue()
     assert summary.skipped == 3 and sorted(r["key"] for r in summary.rows) == [
         "tiny/BasicMotions/seed-1/lr-0.1", "tiny/BasicMotions/seed-1/lr-0.5", "tiny/BasicMotions/seed-2/lr-0.5"]
     starts = _starts(sweep.output)

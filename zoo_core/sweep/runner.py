@@ -142,7 +142,11 @@ def run_sweep(sweep: Sweep, *, workers: int | None = None, ray: str | None = Non
         todo, done = split_done(sweep, cells)
         summary = Summary(total=len(cells), skipped=len(done))
         slots = workers or default_workers(sweep)
-        progress.line(f"{sweep.name}: {len(cells)} cells, {len(done)} finished before, {len(todo)} to run "
+        rows = latest(sweep.results)
+        # a fresh clone has the committed results but not the (ignored) run folders: say why those train again
+        orphans = sum(1 for c in todo if (rows.get(c.key) or {}).get("status") == "ok")
+        again = f" ({orphans} of them have a results row but no finished run folder here: trained again)" if orphans else ""
+        progress.line(f"{sweep.name}: {len(cells)} cells, {len(done)} finished before, {len(todo)} to run{again} "
                       f"({'Ray ' + ray if ray else f'{slots} local worker(s)'}); results: {sweep.results}")
         if not todo:
             return summary
