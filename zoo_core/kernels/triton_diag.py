@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .probe import gpu_self_test
 from .scan import _prepare, check_reset, scan_naive
 
 
@@ -184,25 +185,22 @@ def triton_runtime_reason() -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _triton_runtime_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return "CUDA is not available in this torch build or machine"
-    try:
-        g = torch.Generator().manual_seed(0)
-        err = 0.0
-        for dtype in (torch.float32, torch.complex64):
-            a = torch.rand(2, 19, 3, 5, generator=g, dtype=dtype) * 0.9
-            b = torch.randn(2, 19, 3, 5, generator=g, dtype=dtype)
-            h0 = torch.randn(2, 3, 5, generator=g, dtype=dtype)
-            ref = [x.to(torch.complex128 if dtype.is_complex else torch.float64).requires_grad_() for x in (a, b, h0)]
-            gpu = [x.cuda().requires_grad_() for x in (a, b, h0)]
-            r_all, r_last = scan_naive(*ref)
-            o_all, o_last = scan_triton(*gpu)
-            gr = torch.autograd.grad(r_all.abs().sum() + r_last.abs().sum(), ref)
-            go = torch.autograd.grad(o_all.abs().sum() + o_last.abs().sum(), gpu)
-            for x, y in [(o_all, r_all), (o_last, r_last), *zip(go, gr, strict=True)]:
-                err = max(err, ((x.detach().cpu().to(y.dtype) - y.detach()).norm() / y.detach().norm()).item())
-    except Exception as exc:  # a broken driver or compiler raises anything
-        return f"the Triton diagonal scan failed a test run on this GPU ({type(exc).__name__}: {exc})"
-    if not math.isfinite(err) or err > 1e-4:
-        return f"the Triton diagonal scan disagrees with the reference on this GPU (relative error {err:.1e})"
-    return None
+    return gpu_self_test("the Triton diagonal scan", _self_test_pairs)
+
+
+def _self_test_pairs() -> list[tuple[Tensor, Tensor]]:
+    """(GPU result, float64 reference): outputs, last states and gradients, real and complex."""
+    g = torch.Generator().manual_seed(0)
+    pairs: list[tuple[Tensor, Tensor]] = []
+    for dtype in (torch.float32, torch.complex64):
+        a = torch.rand(2, 19, 3, 5, generator=g, dtype=dtype) * 0.9
+        b = torch.randn(2, 19, 3, 5, generator=g, dtype=dtype)
+        h0 = torch.randn(2, 3, 5, generator=g, dtype=dtype)
+        ref = [x.to(torch.complex128 if dtype.is_complex else torch.float64).requires_grad_() for x in (a, b, h0)]
+        gpu = [x.cuda().requires_grad_() for x in (a, b, h0)]
+        r_all, r_last = scan_naive(*ref)
+        o_all, o_last = scan_triton(*gpu)
+        gr = torch.autograd.grad(r_all.abs().sum() + r_last.abs().sum(), ref)
+        go = torch.autograd.grad(o_all.abs().sum() + o_last.abs().sum(), gpu)
+        pairs += [(o_all, r_all), (o_last, r_last), *zip(go, gr, strict=True)]
+    return pairs

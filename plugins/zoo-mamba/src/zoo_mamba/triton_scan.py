@@ -33,13 +33,14 @@ kernels on CPU tensors (slowly); that is how CI tests them (``tests/test_triton_
 """
 
 import functools
-import math
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from zoo_core.kernels.probe import gpu_self_test
 
 from .scan import _check, compute_dtype, selective_scan_naive
 
@@ -378,23 +379,19 @@ def triton_runtime_reason() -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _triton_runtime_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return "CUDA is not available in this torch build or machine"
-    try:
-        g = torch.Generator().manual_seed(0)
-        args = [torch.randn(2, 37, 10, generator=g), torch.rand(2, 37, 10, generator=g) * 0.1 + 0.01,
-                -torch.rand(10, 5, generator=g) - 0.5, torch.randn(2, 37, 5, generator=g), torch.randn(2, 37, 5, generator=g),
-                torch.randn(10, generator=g), torch.randn(2, 10, 5, generator=g)]
-        ref = [a.double().requires_grad_() for a in args]
-        gpu = [a.cuda().requires_grad_() for a in args]
-        y_r, h_r = selective_scan_naive(*ref)
-        y_g, h_g = selective_scan_triton(*gpu, chunk=16, block_d=4)
-        gr = torch.autograd.grad(y_r.sum() + h_r.sum(), ref)
-        gg = torch.autograd.grad(y_g.sum() + h_g.sum(), gpu)
-        pairs = [(y_g, y_r), (h_g, h_r), *zip(gg, gr, strict=True)]
-        err = max(((a.detach().double().cpu() - b.detach()).norm() / b.detach().norm()).item() for a, b in pairs)
-    except Exception as exc:  # a broken driver or compiler raises anything
-        return f"the Triton selective scan failed a test run on this GPU ({type(exc).__name__}: {exc})"
-    if not math.isfinite(err) or err > 1e-4:
-        return f"the Triton selective scan disagrees with the reference on this GPU (relative error {err:.1e})"
-    return None
+    return gpu_self_test("the Triton selective scan", _self_test_pairs)
+
+
+def _self_test_pairs() -> list[tuple[Tensor, Tensor]]:
+    """(GPU result, float64 reference): y, the last state and every gradient."""
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(2, 37, 10, generator=g), torch.rand(2, 37, 10, generator=g) * 0.1 + 0.01,
+            -torch.rand(10, 5, generator=g) - 0.5, torch.randn(2, 37, 5, generator=g), torch.randn(2, 37, 5, generator=g),
+            torch.randn(10, generator=g), torch.randn(2, 10, 5, generator=g)]
+    ref = [a.double().requires_grad_() for a in args]
+    gpu = [a.cuda().requires_grad_() for a in args]
+    y_r, h_r = selective_scan_naive(*ref)
+    y_g, h_g = selective_scan_triton(*gpu, chunk=16, block_d=4)
+    gr = torch.autograd.grad(y_r.sum() + h_r.sum(), ref)
+    gg = torch.autograd.grad(y_g.sum() + h_g.sum(), gpu)
+    return [(y_g, y_r), (h_g, h_r), *zip(gg, gr, strict=True)]
