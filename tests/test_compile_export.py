@@ -53,11 +53,6 @@ LENGTH_STATIC: dict[str, str] = {
            "FFT's size guards (parity, divisibility of n) hold for one L, not all"),
     "lrcssm": ("under compile/export LrcSSM runs its exact sequential loop (DEER's convergence test is "
                "data-dependent), a Python loop over time"),
-    "mamba2": ("the SSD chunk ops pad L to a multiple of min(chunk_size, L) and reshape it into chunks: "
-               "divisibility guards on L that hold for one L, not all"),
-    "mamba3": "the chunked scan's chunk count ceil(L / min(chunk_size, L)) meets modular guards that hold for one L, not all",
-    "gdn": ("the gated-delta chunk op branches in Python on the padding (−L mod chunk_size ≠ 0, zoo_gdn/ops.py "
-            "_chunks) and reshapes the padded length into chunks"),
 }
 
 

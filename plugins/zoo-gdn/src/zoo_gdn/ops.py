@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from zoo_core.kernels.export_ops import exporting
 from zoo_core.packing import check_step_mask
 
 
@@ -116,6 +117,17 @@ def gated_delta_chunked(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
     ``ends`` reads a document's final state in the middle of a chunk.
     """
     _check_marks(q, reset, ends)
+    if exporting():  # one opaque node: the chunk padding below would pin a symbolic length
+        from .export_op import gated_delta_chunked_op
+
+        return gated_delta_chunked_op(q, k, v, beta, g, h0, chunk_size, reset, ends)
+    return gated_delta_chunked_composed(q, k, v, beta, g, h0, chunk_size=chunk_size, reset=reset, ends=ends)
+
+
+def gated_delta_chunked_composed(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None = None,
+                                 *, chunk_size: int = 64, reset: Tensor | None = None,
+                                 ends: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``gated_delta_chunked`` as PyTorch ops, always (what the export-only op runs)."""
     dtype = _compute_dtype(q, k, v, beta, g)
     B, L, H, K = q.shape
     V = v.shape[-1]

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from zoo_core.kernels.export_ops import exporting
 from zoo_core.packing import check_step_mask
 
 
@@ -179,6 +180,17 @@ def ssd_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_si
     once from their chunk's steps (one Q-step window each: N·Hh·Q·P numbers, no loop over documents).
     """
     _check_marks(x, reset, ends)
+    if exporting():  # one opaque node: the chunk padding below would pin a symbolic length
+        from .export_op import ssd_chunked_op
+
+        return ssd_chunked_op(x, dt, A, B, C, chunk_size, h0, reset, ends)
+    return ssd_chunked_composed(x, dt, A, B, C, chunk_size, h0, reset=reset, ends=ends)
+
+
+def ssd_chunked_composed(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int,
+                         h0: Tensor | None = None, *, reset: Tensor | None = None,
+                         ends: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``ssd_chunked`` as PyTorch ops, always (what the export-only op runs)."""
     Bt, L, Hh, P = x.shape
     G, N = B.shape[-2:]
     Q = max(1, min(chunk_size, L))

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from zoo_core.kernels.export_ops import exporting
 from zoo_core.packing import check_step_mask
 
 
@@ -121,6 +122,18 @@ def trap_scan_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, la
     ``chunk_state_varlen``: [no start in c up to j]·exp(acum_j)·Z_c plus the chunk's own part up to j,
     computed for all marked steps at once from their chunk's steps (no loop over documents)."""
     _check_marks(x, reset, ends)
+    if exporting():  # one opaque node: the chunk padding below would pin a symbolic length
+        from .export_op import trap_scan_chunked_op
+
+        return trap_scan_chunked_op(x, dt, A, B, C, lam, h0, x_prev, B_prev, chunk_size, reset, ends)
+    return trap_scan_chunked_composed(x, dt, A, B, C, lam, h0, x_prev, B_prev, chunk_size=chunk_size, reset=reset, ends=ends)
+
+
+def trap_scan_chunked_composed(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, lam: Tensor | None,
+                               h0: Tensor | None = None, x_prev: Tensor | None = None, B_prev: Tensor | None = None,
+                               *, chunk_size: int = 64, reset: Tensor | None = None,
+                               ends: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``trap_scan_chunked`` as PyTorch ops, always (what the export-only op runs)."""
     ct = _compute_dtype(x)
     x, dt, A, B, C = x.to(ct), dt.to(ct), A.to(ct), B.to(ct), C.to(ct)
     Bt, L, H, P = x.shape

@@ -1,0 +1,33 @@
+"""Chunked Python ops made opaque for ``torch.export``, so an exported forward keeps a dynamic length.
+
+A chunked algorithm written in PyTorch (Mamba-2's SSD, Gated DeltaNet's chunk form, Mamba-3's
+trapezoidal scan) pads L to a multiple of its chunk and reshapes it into chunks: traced, those
+are divisibility guards on L that hold for one length, not all, and export pins L. Wrapped as a
+``torch.library`` custom op with a fake that gives only the output shapes, it is one node with
+symbolic sizes, and the exported program runs the same Python composition at run time.
+
+Only ``torch.export`` takes this path (``torch.compiler.is_exporting()``): eager and
+``torch.compile`` keep the traced composition, whose backward autograd derives and Inductor fuses.
+An exported program is for inference; a backward through the op raises, naming the way out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def refuse_backward(op: Any, name: str) -> None:
+    """Register ``op``'s autograd as a clear refusal (the op exists for exported inference only)."""
+
+    def backward(ctx: Any, *grads: Any) -> Any:
+        raise RuntimeError(f"{name} is the export-only form of a chunked op (an exported program is for inference); "
+                           f"train the model eagerly or under torch.compile, where the op is differentiable")
+
+    op.register_autograd(backward)
+
+
+def exporting() -> bool:
+    """True while ``torch.export`` traces (strict or not)."""
+    return bool(torch.compiler.is_exporting())
