@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ COMMANDS = {  # what reproduces each table (resumable: a rerun skips finished ce
 }
 # The seed's full protocol (5 seeds x the lr grid, picked on validation): suite -> (dataset, c, the
 # 3-seed one-lr suite it is set beside). Kept out of the Table 2/3/5 grids, which are one lr each.
-FULL = {"jv-lru-full": ("JapaneseVowels", 0, "jv-lru"), "acsf1-lru-full": ("ACSF1", 16, "acsf1-lru")}
+FULL = {"jv-lru-full": ("JapaneseVowels", 0), "acsf1-lru-full": ("ACSF1", 16)}
 
 
 def pick_on_validation(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -42,26 +43,37 @@ def pick_on_validation(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return max(ordered, key=lambda r: r["val"]["accuracy"])  # max keeps the first of equals
 
 
-def full_protocol_table(every: list[dict[str, Any]]) -> list[str]:
-    """Per set: the 3-seed one-lr row of the tables above, the same 5-seed sweep at lr 1e-3 only, and the full
-    protocol (each seed's lr picked on validation), so the effect of more seeds and of the lr pick read apart."""
-    out = ["| dataset | input | protocol | test acc (%) | seeds | lr picked (× seeds) | val acc (%) |", "|---|---|---|---|---|---|---|"]
-    for suite, (dataset, c, small) in FULL.items():
+def _full_protocol(every: list[dict[str, Any]]) -> Iterator[tuple[str, int, list[dict[str, Any]] | None, list[dict[str, Any]],
+                                                                 list[dict[str, Any]], dict[str, int]]]:
+    """Per full-protocol set: (dataset, c, base, at_1e3, picks, lrs picked × seeds); base is None when the
+    set's sweep has not run. base: the 3-seed one-lr runs of the tables above, gathered as they are (every
+    other suite's LRU ABCDEF L_final runs of that set at lr 1e-3)."""
+    for suite, (dataset, c) in FULL.items():
         rows = [r for r in every if r.get("suite") == suite and r["pattern"] == "ABCDEF" and r["loss"] == "final"]
-        base = [r for r in every if r.get("suite") == small and r["pattern"] == "ABCDEF" and r["loss"] == "final"
-                and (r["c"] or 0) == c and r["lr"] == 1e-3]
-        where = f"c = {c}" if c else "original"
+        base = [r for r in Grid([r for r in every if not r.get("variant") and r.get("suite") not in FULL])
+                .get(dataset, "lru", "ABCDEF", "final", c) if r["lr"] == 1e-3]
         if not rows:
-            out.append(f"| {dataset} | {where} | full protocol | not run yet | — | — | — |")
+            yield dataset, c, None, [], [], {}
             continue
         by_seed: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for r in rows:
             by_seed[r["seed"]].append(r)
         picks = [pick_on_validation(rs) for _, rs in sorted(by_seed.items())]
-        at_1e3 = [r for r in rows if r["lr"] == 1e-3]
-        lrs = defaultdict(int)
+        lrs: dict[str, int] = defaultdict(int)
         for r in picks:
             lrs[f"{r['lr']:g}"] += 1
+        yield dataset, c, base, [r for r in rows if r["lr"] == 1e-3], picks, dict(lrs)
+
+
+def full_protocol_table(every: list[dict[str, Any]]) -> list[str]:
+    """Per set: the 3-seed one-lr row of the tables above, the same 5-seed sweep at lr 1e-3 only, and the full
+    protocol (each seed's lr picked on validation), so the effect of more seeds and of the lr pick read apart."""
+    out = ["| dataset | input | protocol | test acc (%) | seeds | lr picked (× seeds) | val acc (%) |", "|---|---|---|---|---|---|---|"]
+    for dataset, c, base, at_1e3, picks, lrs in _full_protocol(every):
+        where = f"c = {c}" if c else "original"
+        if base is None:
+            out.append(f"| {dataset} | {where} | full protocol | not run yet | — | — | — |")
+            continue
         for label, rs, lr_text in (("3 seeds, lr 1e-3 (tables above)", base, "1e-3 (fixed)"),
                                    ("5 seeds, lr 1e-3", at_1e3, "1e-3 (fixed)"),
                                    ("5 seeds, lr picked on validation (the seed's protocol)", picks,
@@ -72,6 +84,23 @@ def full_protocol_table(every: list[dict[str, Any]]) -> list[str]:
             val = [100 * r["val"]["accuracy"] for r in rs]
             out.append(f"| {dataset} | {where} | {label} | {cell([acc(r) for r in rs], want=len(rs))} | {len(rs)} | {lr_text} "
                        f"| {statistics.mean(val):.2f} |")
+    return out
+
+
+def full_protocol_summary(every: list[dict[str, Any]]) -> list[str]:
+    """What changed from the 3-seed, one-lr tables, one sentence per set that has run (from the same rows)."""
+    out = []
+    for dataset, c, base, _, picks, lrs in _full_protocol(every):
+        if not base or not picks:
+            continue
+        b, f = [acc(r) for r in base], [acc(r) for r in picks]
+        sd = statistics.stdev(b) if len(b) > 1 else 0.0
+        shift = statistics.mean(f) - statistics.mean(b)
+        chosen = ", ".join(f"{k} for {v} of {len(picks)} seeds" for k, v in sorted(lrs.items(), key=lambda kv: -float(kv[0])))
+        same = " (so the full protocol is the 5-seed lr-1e-3 row)" if set(lrs) == {"0.001"} else ""
+        size = "within one standard deviation of the 3-seed figure" if abs(shift) <= sd else "more than one standard deviation"
+        out.append(f"- **{dataset}{f' (c = {c})' if c else ''}**: validation picked lr {chosen}{same}; the test mean moved "
+                   f"{shift:+.2f} points from {len(b)} seeds to {len(picks)}, {size}.")
     return out
 
 
@@ -270,7 +299,7 @@ def main() -> None:
     OUT.write_text(render(g, ad, rows, {
         "table2": table2, "table5": table5, "table3": table3, "adaptive": adaptive_tables, "eps_sweep": eps_sweep,
         "verdicts": verdicts, "counts": claims_counts, "cell": cell, "stats": stats, "commands": COMMANDS,
-        "full_protocol": lambda: full_protocol_table(every),
+        "full_protocol": lambda: full_protocol_table(every), "full_summary": lambda: full_protocol_summary(every),
         "norm_table": lambda: norm_table(g, Grid([r for r in every if r.get("variant") == "torchbn"])),
     }), encoding="utf-8")
     print(f"wrote {OUT.relative_to(HERE.parent.parent)}")

@@ -72,17 +72,19 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def rows(suites: list[str] | None = None) -> list[dict[str, Any]]:
-    """Every training row, former grid.jsonl first; a sweep row replaces the grid row of the same run."""
+    """Every training row, former grid.jsonl first; a sweep row replaces the grid row of the same run in the
+    same suite (two suites may train the same run: the full-protocol sweeps retrain the 3-seed suites'
+    lr-1e-3 runs, and each suite's table keeps its own)."""
     from zoo_core.sweep import load_sweep
     from zoo_core.sweep.results import latest
 
-    by = {r["key"]: r for r in _jsonl(RESULTS / "grid.jsonl") if r.get("kind") == "run"}
+    by = {(r["suite"], r["key"]): r for r in _jsonl(RESULTS / "grid.jsonl") if r.get("kind") == "run"}
     for suite in suites or SUITES:
         sweep = load_sweep(SWEEPS / f"{suite}.yaml", validate=False)
         for r in latest(sweep.results).values():
             if r.get("status") == "ok":
                 row = from_sweep(r, suite, sweep.output)
-                by[row["key"]] = row
+                by[(suite, row["key"])] = row
     return [r for r in by.values() if suites is None or r["suite"] in suites]
 
 
