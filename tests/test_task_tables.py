@@ -173,3 +173,23 @@ def test_a_sweep_named_apart_from_its_dataset_finds_its_rows(tmp_path: Path) -> 
     assert "| a | not run yet |" in mt.render([task], [], **kw)  # looked up under the sweep's name: nothing
     task.dataset = "toy-short"
     assert "| a | 60.0 ± 10.0 (3) | 1,234 | 3.0 | — |" in mt.render([task], [], **kw).splitlines()
+
+
+def test_a_companion_sweep_adds_a_width_table_beside_the_main_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """mqar-width's cells (width 32, 128) are read into mqar-small's section, its own cells the width-64 column."""
+    monkeypatch.setitem(mt.COMPANIONS, "toy", ("toy-width", "width", "64"))
+    task = _fixture_task()
+    wide = [{**_row(spec, 0, acc), "key": f"{spec}/toy/width={w}/seed-0/lr-0.001", "axes": {"width": w}}
+            for spec, w, acc in (("a", "32", 0.25), ("a", "128", 0.75), ("b", "128", 0.5))]
+    task.companion = mt.Task("toy-width", "benchmarks/tasks/sweeps/toy-width.yaml", ["a", "b"], {"a": 1, "b": 1}, 4, wide)
+    kw: dict[str, Any] = {"reading_dir": tmp_path, "plot_dir": tmp_path / "plots", "doc_dir": tmp_path}
+    lines = mt.render([task], [], **kw).splitlines()
+    assert "| core | 32 | **64 (main table)** | 128 |" in lines
+    assert "| a | 25.0 ± 0.0 (1) | 60.0 ± 10.0 (3) | 75.0 ± 0.0 (1) |" in lines
+    assert "| b | — | 30.0 ± 14.1 (2) | 50.0 ± 0.0 (1) |" in lines
+    assert "- toy-width (read into toy): 3 of 4 cells finished." in lines
+    assert "| a | 60.0 ± 10.0 (3) | 1,234 | 3.0 | — |" in lines  # the main table keeps only the section's own cells
+    if plot_available():
+        assert (tmp_path / "plots" / "toy-accuracy-vs-width.png").is_file()
+    task.companion = None  # no companion: no width table
+    assert "by model width" not in mt.render([task], [], **kw)

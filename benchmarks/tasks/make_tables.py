@@ -34,6 +34,9 @@ from zoo_core.sweep.results import latest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 SWEEPS = ("induction-heads", "selective-copying", "mqar-small")  # the order of TASKS.md's sections
+# Sweeps that vary one axis of a section's model, read into that section (not sections of their own):
+# section -> (sweep, axis, the section's own value of it)
+COMPANIONS = {"mqar-small": ("mqar-width", "width", "64")}
 
 TITLES = {
     "induction-heads": "Induction heads",
@@ -101,6 +104,7 @@ class Task:
     extrapolation: list[dict[str, Any]] = field(default_factory=list)
     axes: list[str] = field(default_factory=list)
     dataset: str = ""  # the dataset the sweep trains on (its rows are grouped by it), e.g. induction-heads-short
+    companion: "Task | None" = None  # a sweep varying one axis of this one's model (COMPANIONS)
 
     @property
     def group(self) -> str:
@@ -222,6 +226,38 @@ def extrapolation_table(task: Task, published: list[dict[str, Any]], train_lengt
     return out
 
 
+def axis_points(task: Task, by: dict[str, list[Config]]) -> tuple[str, list[str], dict[str, dict[str, Config]]]:
+    """The companion sweep's axis, its values in order (the section's own included) and core -> value -> Config.
+    ("", [], {}) without a companion. The section's own cells (no axes) are its value of the axis."""
+    if task.companion is None or task.name not in COMPANIONS:
+        return "", [], {}
+    _, axis, own = COMPANIONS[task.name]
+    table: dict[str, dict[str, Config]] = defaultdict(dict)
+    for c in by.get(task.group, []):
+        if not c.axes:
+            table[c.spec][own] = c
+        elif set(c.axes) == {axis}:
+            table[c.spec][c.axes[axis]] = c
+    values = sorted({v for row in table.values() for v in row} | {own}, key=float)
+    return axis, values, dict(table)
+
+
+def axis_table(task: Task, by: dict[str, list[Config]]) -> list[str]:
+    """Test accuracy (%) of each core at each value of the companion's axis, mean ± std (seeds)."""
+    axis, values, table = axis_points(task, by)
+    if not table or task.companion is None:
+        return []
+    own = COMPANIONS[task.name][2]
+    head = " | ".join(f"**{v} (main table)**" if v == own else v for v in values)
+    out = [f"| core | {head} |", "|" + "---|" * (len(values) + 1)]
+    for spec in dict.fromkeys(task.specs + task.companion.specs):
+        row = table.get(spec, {})
+        if row:
+            out.append(f"| {spec} | " + " | ".join(f"{pct(row[v].values())} ({len(row[v].picks)})" if v in row else "—"
+                                                   for v in values) + " |")
+    return out
+
+
 def plots(task: Task, by: dict[str, list[Config]], plot_dir: Path) -> list[Path]:
     made: list[Path | None] = []
     cs = [c for c in by.get(task.group, []) if not c.axes]
@@ -243,6 +279,12 @@ def plots(task: Task, by: dict[str, list[Config]], plot_dir: Path) -> list[Path]
         if series:
             made.append(plot_points(dict(series), plot_dir / f"{task.name}-accuracy-vs-{axis}.png", xlabel=axis,
                                     ylabel="test accuracy", title=f"{task.name}: accuracy vs {axis}"))
+    axis, _, table = axis_points(task, by)
+    if table:
+        pts = {spec: [(float(v), statistics.mean(c.values()), statistics.stdev(c.values()) if len(c.picks) > 1 else 0.0)
+                      for v, c in sorted(row.items(), key=lambda kv: float(kv[0]))] for spec, row in table.items()}
+        made.append(plot_points(pts, plot_dir / f"{task.name}-accuracy-vs-{axis}.png", xlabel=f"model {axis} (d_model)",
+                                ylabel="test accuracy", title=f"{task.name}: accuracy vs model {axis}", logx=True))
     return [p for p in made if p is not None]
 
 
@@ -306,9 +348,13 @@ def render(tasks: list[Task], published: list[dict[str, Any]], *, reading_dir: P
         ext = sum(1 for r in t.extrapolation if r.get("status") == "ok")
         lines.append(f"- {t.name}: {done} of {t.cells} cells finished" + (f", {failed} failed" if failed else "")
                      + (f"; {ext} extrapolation scores" if t.extrapolation else "") + ".")
+        if t.companion is not None:
+            co = t.companion
+            lines.append(f"- {co.name} (read into {t.name}): {sum(1 for r in co.rows if r.get('status') == 'ok')} of "
+                         f"{co.cells} cells finished.")
     lines += ["", "Rows with fewer seeds than the sweep asks for are marked partial; cores without a finished "
               "cell are listed as not run yet. Everything here is regenerated as the sweeps finish.", ""]
-    by = configs([r for t in tasks for r in t.rows])
+    by = configs([r for t in tasks for r in t.rows + (t.companion.rows if t.companion else [])])
     for t in tasks:
         card = f"docs/tasks/{CARDS.get(t.name, t.name)}.md"
         lines += [f"## {TITLES.get(t.name, t.name)}", "",
@@ -323,6 +369,14 @@ def render(tasks: list[Task], published: list[dict[str, Any]], *, reading_dir: P
                       "(seeds). ˢ: streamed through the recurrent state (the parallel forward did not fit the "
                       "memory budget); not streamable: a state that grows with length (attention's KV cache) past "
                       "the parallel limit. Rows in italics: the paper's figures at its own scale.", "", *ext_rows, ""]
+        width_rows = axis_table(t, by)
+        if width_rows and t.companion is not None:
+            axis = COMPANIONS[t.name][1]
+            lines += [f"### {TITLES.get(t.name, t.name)}: accuracy (%) by model {axis}", "",
+                      f"The same model at other widths (`{t.companion.sweep_file}`; the main table's cells are its "
+                      f"width-{COMPANIONS[t.name][2]} column), mean ± std (seeds). A fixed-state core's state grows "
+                      "with the width; attention's cache grows with the sequence instead (Zoology's Figure 2 axis).",
+                      "", *width_rows, ""]
         pngs = plots(t, by, plot_dir)
         lines += [f"![{p.stem}]({_rel(p, doc_dir)})" for p in pngs] + ([""] if pngs else [])
         reading = reading_dir / f"{t.name}.md"
@@ -376,6 +430,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reading", type=Path, default=HERE / "reading")
     a = p.parse_args(argv)
     tasks = [load_task(f) for f in a.sweeps]
+    for t in tasks:
+        companion = HERE / "sweeps" / f"{COMPANIONS[t.name][0]}.yaml" if t.name in COMPANIONS else None
+        if companion is not None and companion.is_file():
+            t.companion = load_task(companion)
     published = yaml.safe_load(a.published.read_text(encoding="utf-8")) or []
     lengths = {t.name: L for t in tasks if t.extrapolation and (L := train_length(t.rows[0]["dataset"] if t.rows else t.name))}
     text = render(tasks, published, reading_dir=a.reading, plot_dir=a.plots, doc_dir=a.output.parent, train_lengths=lengths)
