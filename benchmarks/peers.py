@@ -403,6 +403,13 @@ def mamba_generate() -> list[Impl]:
         model, ids = _lm_pair()[0], _prompt(s["B"])
         return Built(lambda: generate(model, ids, s["L"]))  # tokens/s = B·L / median in the report
 
+    def zoo_compiled(s: Sizes, mode: str) -> Built:
+        from zoo_core.generate import generate
+
+        model, ids = _lm_pair()[0], _prompt(s["B"])
+        generate(model, ids, 2, compile=True)  # the one-time Inductor compile for this batch size, not timed
+        return Built(lambda: generate(model, ids, s["L"], compile=True))
+
     def hf(s: Sizes, mode: str) -> Built:
         model, ids = _lm_pair()[1], _prompt(s["B"])
         mask = torch.ones_like(ids)
@@ -410,6 +417,7 @@ def mamba_generate() -> list[Impl]:
                                             use_cache=True))
 
     return [Impl("zoo generate", zoo, requires=("transformers",)),
+            Impl("zoo generate (compiled step)", zoo_compiled, requires=("transformers",)),
             Impl("transformers generate", hf, origin="peer", requires=("transformers",))]
 
 
@@ -422,6 +430,7 @@ def check_generate(family: Family) -> Row:
     a = generate(zoo, ids, 24)
     b = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False, use_cache=True)
     assert torch.equal(a, b), "mamba/generate: the zoo and transformers decode different tokens on the same weights"
+    assert torch.equal(generate(zoo, ids, 24, compile=True), a), "mamba/generate: the compiled step decodes other tokens"
     with torch.no_grad():
         _, st = zoo.forward_with_state(ids)
         size0 = _state_bytes(st)

@@ -248,3 +248,39 @@ def test_a_packed_prefill_gives_each_document_its_own_state():
             solo = model(torch.cat([seq[:, s:e], nxt[d : d + 1, None]], 1))
             torch.testing.assert_close(logits[0, s:e], solo[0, :-1])
             torch.testing.assert_close(stepped[d], solo[0, -1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mamba", "s4d"])
+def test_compiled_decoding_gives_the_same_tokens_and_is_kept_on_the_model(name):
+    """generate(compile=True): Inductor compiles model.step once (kept for later calls), same greedy tokens."""
+    torch._dynamo.reset()
+    model = _model(name, torch.float32)
+    prompt = _prompt()
+    want = generate(model, prompt, 10)
+    assert torch.equal(generate(model, prompt, 10, compile=True), want)
+    compiled = model._zoo_compiled_step
+    assert compiled is not model.step  # the compiled function, reused below
+    assert torch.equal(generate(model, prompt, 10, compile=True), want) and model._zoo_compiled_step is compiled
+
+
+def test_a_failed_compile_decodes_eagerly_and_says_why_once(monkeypatch, caplog):
+    import logging
+
+    from zoo_core.logs import reset_log_once
+
+    def broken(fn, **kw):
+        def run(*a, **k):
+            raise RuntimeError("InductorError: no working C++ compiler (test)")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    reset_log_once()
+    model = _model("mamba")
+    prompt = _prompt()
+    want = generate(model, prompt, 6)
+    with caplog.at_level(logging.WARNING, logger="zoo_core.generate"):
+        assert torch.equal(generate(model, prompt, 6, compile=True), want)
+        assert torch.equal(generate(model, prompt, 6, compile=True), want)  # eager from now on, no second warning
+    said = [r.getMessage() for r in caplog.records if "compiling the decoding step failed" in r.getMessage()]
+    assert len(said) == 1 and "no working C++ compiler (test)" in said[0]

@@ -8,13 +8,18 @@ re-reading of the prompt). Works for any stack whose cores declare the ``step`` 
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from .errors import SpecError
+from .logs import log_once
 from .packing import Segments
+
+log = logging.getLogger(__name__)
 
 __all__ = ["generate", "filter_logits", "model_eos"]
 
@@ -93,6 +98,35 @@ def _choose(logits: Tensor, do_sample: bool, temperature: float, top_k: int | No
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
+Step = Callable[[Tensor, Any], tuple[Tensor, Any]]
+
+
+def _compiled_step(model: Any) -> Step:
+    """``model.step`` under ``torch.compile`` (Inductor, one graph, static shapes), made once per model.
+
+    A new batch size compiles once more. Decoding a token is a few dozen small ops, so eager decoding
+    on a CPU is bound by per-op dispatch, which the compiled graph removes (``benchmarks/REPORT_MAMBA.md``,
+    family ``mamba/generate``)."""
+    step = getattr(model, "_zoo_compiled_step", None)
+    if step is None:
+        step = torch.compile(model.step, fullgraph=True, dynamic=False)
+        model._zoo_compiled_step = step
+    return step
+
+
+def _first_step(model: Any, compiled: Step, token: Tensor, state: Any) -> tuple[tuple[Tensor, Any], Step]:
+    """One compiled step, and the step to go on with: the eager one, announced once, if compiling failed."""
+    try:
+        return compiled(token, state), compiled
+    except Exception as exc:  # noqa: BLE001 - a missing C++ compiler or an Inductor gap: decode eagerly, say why
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        log_once(log, logging.WARNING, ("compile", type(model).__name__, reason),
+                 "generate(compile=True): compiling the decoding step failed, so decoding runs eagerly (several times "
+                 "slower on a CPU): %s", reason)
+        model._zoo_compiled_step = model.step  # not again for this model
+        return model.step(token, state), model.step
+
+
 def _check_prompt_lengths(lengths: Tensor, input_ids: Tensor) -> Tensor:
     B, L = input_ids.shape
     if not isinstance(lengths, Tensor) or lengths.shape != (B,) or lengths.dtype not in (torch.int32, torch.int64):
@@ -115,6 +149,7 @@ def generate(
     generator: torch.Generator | None = None,
     eos_token_id: int | None | Literal["model"] = MODEL_EOS,
     prompt_lengths: Tensor | None = None,
+    compile: bool = False,
 ) -> Tensor:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
@@ -138,6 +173,11 @@ def generate(
             ``input_ids[b, :prompt_lengths[b]]``. They are prefilled as packed documents
             (``zoo_core.packing``), so the padding never enters a state, and each continues from its
             own last token — exactly as when run alone.
+        compile: decode with ``model.step`` compiled by ``torch.compile`` (Inductor, one graph, static
+            shapes), kept on the model for later calls: on a CPU about twice the tokens per second of eager
+            decoding for small models (``benchmarks/REPORT_MAMBA.md``), after a one-time compile of tens of
+            seconds (and once more per new batch size); the same tokens. If compiling fails (no C++
+            compiler, an op Inductor cannot take) decoding runs eagerly and a warning says why, once.
 
     Returns:
         (B, L + n) LongTensor, ``input_ids`` (as given) followed by n ≤ max_new_tokens new tokens.
@@ -171,6 +211,7 @@ def generate(
             logits, state = model.forward_with_state(input_ids, seq_idx=seg.seq_idx)  # one state per prompt
             next_logits = logits[torch.arange(len(lengths), device=logits.device), lengths - 1]
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        step: Step | None = None if compile else model.step  # compiled on the first decoding step
         for i in range(max_new_tokens):
             token = _choose(next_logits, do_sample, temperature, top_k, top_p, generator)  # (B,)
             if eos_token_id is not None:
@@ -179,7 +220,10 @@ def generate(
             out.append(token[:, None])
             if i + 1 == max_new_tokens or (eos_token_id is not None and bool(done.all())):
                 break
-            next_logits, state = model.step(token, state)  # (B, V), one token at a time
+            if step is None:
+                (next_logits, state), step = _first_step(model, _compiled_step(model), token, state)
+            else:
+                next_logits, state = step(token, state)  # (B, V), one token at a time
         return torch.cat(out, dim=1)
     finally:
         model.train(was_training)

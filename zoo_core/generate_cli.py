@@ -32,7 +32,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def continue_text(model_ref: str, prompt: str, *, max_new_tokens: int = 200, temperature: float = 1.0,
-                  top_k: int | None = None, top_p: float | None = None, seed: int = 0) -> str:
+                  top_k: int | None = None, top_p: float | None = None, seed: int = 0, compile: bool = False) -> str:
     """The text a model appends to ``prompt`` (temperature 0: greedy, deterministic).
 
     ``model_ref`` is a saved folder or a reference (``arch.tag``, ``hf-hub:``, ``local-dir:``) whose
@@ -51,14 +51,14 @@ def continue_text(model_ref: str, prompt: str, *, max_new_tokens: int = 200, tem
     model = load_pretrained(folder)
     sample = temperature > 0
     out = generate(model, ids, max_new_tokens, do_sample=sample, temperature=temperature if sample else 1.0,
-                   top_k=top_k, top_p=top_p, generator=torch.Generator().manual_seed(seed))
+                   top_k=top_k, top_p=top_p, generator=torch.Generator().manual_seed(seed), compile=compile)
     return tokenizer.decode(out[0, ids.shape[1]:].tolist())
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     _check_args(args)
     text = continue_text(args.model, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                         top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+                         top_k=args.top_k, top_p=args.top_p, seed=args.seed, compile=args.compile)
     sys.stdout.write(text + "\n")
     return 0
 
@@ -74,4 +74,7 @@ def register_cli(sub: Any) -> None:
     g.add_argument("--top-k", type=int, help="sample from the k most likely tokens only")
     g.add_argument("--top-p", type=float, help="sample from the smallest set of tokens holding this probability mass")
     g.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0: the same command gives the same text)")
+    g.add_argument("--compile", action="store_true",
+                   help="decode with the model's step compiled by torch.compile: about 2x the tokens/s on a CPU after "
+                        "a one-time compile of tens of seconds, so worth it for long continuations; the same text")
     g.set_defaults(fn=cmd_generate)
