@@ -52,6 +52,8 @@ def test_zoo_generate_prints_a_deterministic_greedy_continuation(capsys):
     ids = torch.tensor([tok.encode("ROMEO:")])
     want = tok.decode(generate(create_model(TAG, pretrained=True), ids, 20)[0, 6:].tolist())
     assert first == want + "\n"
+    assert main([*ARGS, "--compile"]) == 0  # the compiled step: the same text
+    assert capsys.readouterr().out == first
 
 
 def test_sampling_is_reproducible_by_seed(capsys):
