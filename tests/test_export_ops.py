@@ -133,3 +133,22 @@ def test_only_export_takes_the_opaque_path(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(export_ops.torch.compiler, "is_exporting", lambda: True)
     ssd_chunked(*args)
     assert calls == [1]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_fake_follows_the_composition_with_mixed_dtypes(case: str) -> None:
+    """One input narrower than the rest (bfloat16): the fake's dtypes are the composition's own."""
+    op, ref, args, extra = CASES[case](torch.float32)
+    narrow = 2 if case == "gated-delta" else 0  # GDN's v; the others' x
+    args = [a.to(torch.bfloat16) if i == narrow else a for i, a in enumerate(args)]
+    want = ref(*args)
+    if extra.get("positional_marks", True):
+        torch.library.opcheck(op, (*args, None, None))
+    else:
+        from zoo_gdn.export_op import gated_delta_chunked_op
+        from zoo_mamba3.export_op import trap_scan_chunked_op
+
+        full = gated_delta_chunked_op if case == "gated-delta" else trap_scan_chunked_op
+        torch.library.opcheck(full, (*args, 4, None, None))
+    out = _call_op(op, args, extra, None, None)
+    assert [o.dtype for o in out] == [w.dtype for w in want]

@@ -252,35 +252,83 @@ def test_a_packed_prefill_gives_each_document_its_own_state():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mamba", "s4d"])
-def test_compiled_decoding_gives_the_same_tokens_and_is_kept_on_the_model(name):
-    """generate(compile=True): Inductor compiles model.step once (kept for later calls), same greedy tokens."""
+def test_compiled_decoding_gives_the_same_tokens_and_is_kept_beside_the_model(name, caplog):
+    """generate(compile=True): Inductor compiles the step once per model (kept for later calls, not on the
+    model: a deepcopy does not share it), the same greedy tokens, and no fallback."""
+    import copy
+    import logging
+
+    from zoo_core import generate as G
+
     torch._dynamo.reset()
     model = _model(name, torch.float32)
     prompt = _prompt()
     want = generate(model, prompt, 10)
-    assert torch.equal(generate(model, prompt, 10, compile=True), want)
-    compiled = model._zoo_compiled_step
-    assert compiled is not model.step  # the compiled function, reused below
-    assert torch.equal(generate(model, prompt, 10, compile=True), want) and model._zoo_compiled_step is compiled
+    with caplog.at_level(logging.WARNING, logger="zoo_core.generate"):
+        assert torch.equal(generate(model, prompt, 10, compile=True), want)
+        compiled = G._COMPILED[model]
+        assert compiled is not None  # compiled, not fallen back to eager
+        assert torch.equal(generate(model, prompt, 10, compile=True), want) and G._COMPILED[model] is compiled
+    assert not [r for r in caplog.records if "compil" in r.getMessage()]
+    twin = copy.deepcopy(model)
+    assert twin not in G._COMPILED and "_zoo_compiled_step" not in vars(twin)
+
+
+def _broken_compile(fn, **kw):
+    def run(*a, **k):
+        raise RuntimeError("InductorError: no working C++ compiler (test)")
+    return run
 
 
 def test_a_failed_compile_decodes_eagerly_and_says_why_once(monkeypatch, caplog):
     import logging
 
+    from zoo_core import generate as G
     from zoo_core.logs import reset_log_once
 
-    def broken(fn, **kw):
-        def run(*a, **k):
-            raise RuntimeError("InductorError: no working C++ compiler (test)")
-        return run
-
-    monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(torch, "compile", _broken_compile)
     reset_log_once()
     model = _model("mamba")
     prompt = _prompt()
     want = generate(model, prompt, 6)
     with caplog.at_level(logging.WARNING, logger="zoo_core.generate"):
         assert torch.equal(generate(model, prompt, 6, compile=True), want)
-        assert torch.equal(generate(model, prompt, 6, compile=True), want)  # eager from now on, no second warning
+        assert G._COMPILED[model] is None  # eager from now on for this model
+        assert torch.equal(generate(model, prompt, 6, compile=True), want)
     said = [r.getMessage() for r in caplog.records if "compiling the decoding step failed" in r.getMessage()]
     assert len(said) == 1 and "no working C++ compiler (test)" in said[0]
+
+
+def test_an_error_of_the_step_itself_is_not_blamed_on_compiling(monkeypatch, caplog):
+    import logging
+
+    from zoo_core import generate as G
+    from zoo_core.logs import reset_log_once
+
+    monkeypatch.setattr(torch, "compile", _broken_compile)
+    reset_log_once()
+    model = _model("mamba")
+
+    def step(token, state):
+        raise MemoryError("out of memory (test)")
+
+    monkeypatch.setattr(model, "step", step)
+    with caplog.at_level(logging.WARNING, logger="zoo_core.generate"), pytest.raises(MemoryError, match="out of memory"):
+        generate(model, _prompt(), 6, compile=True)
+    assert not [r for r in caplog.records if "compil" in r.getMessage()]
+    assert G._COMPILED[model] is not None  # compiling is not given up for an error of the step
+
+
+def test_a_growing_kv_cache_is_decoded_eagerly_and_says_why(caplog):
+    import logging
+
+    from zoo_core import generate as G
+    from zoo_core.logs import reset_log_once
+
+    reset_log_once()
+    model = _model("attention")
+    prompt = _prompt()
+    want = generate(model, prompt, 5)
+    with caplog.at_level(logging.WARNING, logger="zoo_core.generate"):
+        assert torch.equal(generate(model, prompt, 5, compile=True), want)
+    assert any("KV cache that grows" in r.getMessage() for r in caplog.records) and model not in G._COMPILED

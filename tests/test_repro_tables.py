@@ -38,3 +38,9 @@ def test_full_protocol_summary_says_what_changed_from_the_rows():
     assert "moved -4.00 points from 3 seeds to 5, more than one standard deviation." in jv  # 92 -> 88
     only_1e3 = [r for r in every if r["lr"] == 1e-3]
     assert "(so the full protocol is the 5-seed lr-1e-3 row)" in mt.full_protocol_summary(only_1e3)[0]
+
+
+def test_the_full_protocol_suites_are_the_ones_rows_keeps_apart():
+    from benchmarks.repro import run_grid
+
+    assert mt.FULL and all(suite.endswith(run_grid.FULL_SUFFIX) for suite in mt.FULL)

@@ -52,7 +52,13 @@ def test_zoo_generate_prints_a_deterministic_greedy_continuation(capsys):
     ids = torch.tensor([tok.encode("ROMEO:")])
     want = tok.decode(generate(create_model(TAG, pretrained=True), ids, 20)[0, 6:].tolist())
     assert first == want + "\n"
-    assert main([*ARGS, "--compile"]) == 0  # the compiled step: the same text
+
+
+@pytest.mark.slow
+def test_zoo_generate_compile_prints_the_same_text(capsys):
+    assert main(ARGS) == 0
+    first = capsys.readouterr().out
+    assert main([*ARGS, "--compile"]) == 0  # the compiled step (Inductor): the same text
     assert capsys.readouterr().out == first
 
 

@@ -9,6 +9,7 @@ re-reading of the prompt). Works for any stack whose cores declare the ``step`` 
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -100,31 +101,38 @@ def _choose(logits: Tensor, do_sample: bool, temperature: float, top_k: int | No
 
 Step = Callable[[Tensor, Any], tuple[Tensor, Any]]
 
+# Per model, the compiled unbound ``step`` (called with the model first), or None where compiling failed.
+# Kept beside the model, not on it: a deepcopy or a pickled model must not carry a function bound to
+# the original, and the compiled function holds no reference to the model (the key is weak).
+_COMPILED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
-def _compiled_step(model: Any) -> Step:
-    """``model.step`` under ``torch.compile`` (Inductor, one graph, static shapes), made once per model.
 
-    A new batch size compiles once more. Decoding a token is a few dozen small ops, so eager decoding
-    on a CPU is bound by per-op dispatch, which the compiled graph removes (``benchmarks/REPORT_MAMBA.md``,
-    family ``mamba/generate``)."""
-    step = getattr(model, "_zoo_compiled_step", None)
-    if step is None:
-        step = torch.compile(model.step, fullgraph=True, dynamic=False)
-        model._zoo_compiled_step = step
-    return step
+def _compiled_step(model: Any) -> Step | None:
+    """``model.step`` under ``torch.compile`` (Inductor, one graph, static shapes), made once per model;
+    None where it failed before. A new batch size compiles once more. Decoding a token is a few dozen
+    small ops, so eager decoding on a CPU is bound by per-op dispatch, which the compiled graph removes
+    (``benchmarks/REPORT_MAMBA.md``, family ``mamba/generate``)."""
+    if model not in _COMPILED:
+        _COMPILED[model] = torch.compile(type(model).step, fullgraph=True, dynamic=False)
+    fn = _COMPILED[model]
+    return None if fn is None else (lambda token, state: fn(model, token, state))
 
 
 def _first_step(model: Any, compiled: Step, token: Tensor, state: Any) -> tuple[tuple[Tensor, Any], Step]:
-    """One compiled step, and the step to go on with: the eager one, announced once, if compiling failed."""
+    """One compiled step, and the step to go on with: the eager one, announced once, if compiling failed.
+
+    A failure is blamed on compiling only if the eager step then succeeds; an error of the step itself
+    (bad input, out of memory) is raised as eager decoding raises it, and compiling is tried again later."""
     try:
         return compiled(token, state), compiled
     except Exception as exc:  # noqa: BLE001 - a missing C++ compiler or an Inductor gap: decode eagerly, say why
+        out = model.step(token, state)  # raises what eager decoding would: then it was not the compiler
         reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         log_once(log, logging.WARNING, ("compile", type(model).__name__, reason),
                  "generate(compile=True): compiling the decoding step failed, so decoding runs eagerly (several times "
                  "slower on a CPU): %s", reason)
-        model._zoo_compiled_step = model.step  # not again for this model
-        return model.step(token, state), model.step
+        _COMPILED[model] = None  # not again for this model
+        return out, model.step
 
 
 def _check_prompt_lengths(lengths: Tensor, input_ids: Tensor) -> Tensor:
@@ -211,7 +219,18 @@ def generate(
             logits, state = model.forward_with_state(input_ids, seq_idx=seg.seq_idx)  # one state per prompt
             next_logits = logits[torch.arange(len(lengths), device=logits.device), lengths - 1]
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        step: Step | None = None if compile else model.step  # compiled on the first decoding step
+        step: Step | None = model.step
+        if compile:
+            growing = sorted({type(c).__name__ for c in model.cores() if (hp := getattr(c, "hparams", None)) is not None
+                              and hp.grows_state()})
+            if growing:  # a KV cache changes shape every token: a static graph would recompile at each one
+                log_once(log, logging.WARNING, ("compile-growing", tuple(growing)),
+                         "generate(compile=True): %s keeps a KV cache that grows every token, so the step is not "
+                         "compiled (decoding runs eagerly); give the attention a window for a fixed-size state",
+                         ", ".join(growing))
+            else:
+                step = _compiled_step(model)  # None: compiling failed before, eager; else tried on the first step
+                step = model.step if step is None else None
         for i in range(max_new_tokens):
             token = _choose(next_logits, do_sample, temperature, top_k, top_p, generator)  # (B,)
             if eos_token_id is not None:
@@ -221,7 +240,9 @@ def generate(
             if i + 1 == max_new_tokens or (eos_token_id is not None and bool(done.all())):
                 break
             if step is None:
-                (next_logits, state), step = _first_step(model, _compiled_step(model), token, state)
+                compiled = _compiled_step(model)
+                assert compiled is not None  # checked before the loop  # narrows the type
+                (next_logits, state), step = _first_step(model, compiled, token, state)
             else:
                 next_logits, state = step(token, state)  # (B, V), one token at a time
         return torch.cat(out, dim=1)

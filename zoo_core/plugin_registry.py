@@ -260,11 +260,18 @@ class Registry:
     def backend(self, op: str, name: str, problem: Problem | None = None) -> BackendEntry:
         """The ``op`` backend called ``name`` (its name or an alias); with ``problem``, the first of
         those that can serve it (a name and an alias may coincide: "scan" is zoo-core's parallel scan
-        and Mamba's chunked selective scan), else the first, whose ``supports`` gives the reason."""
+        and Mamba's chunked selective scan), else one that fits the problem but cannot run here, else the
+        first; its ``supports`` gives the reason."""
         found = self.named_backends(op, name)
         if found:
-            serving = [e for e in found if problem is not None and e.supports(problem) is None]
-            return (serving or found)[0]
+            if problem is None:
+                return found[0]
+            checks = [(e, *e.check(problem)) for e in found]
+            serving = [e for e, reason, _ in checks if reason is None]
+            # none serves: the one that fits the problem but cannot run here (its probe's reason is the true
+            # one: Mamba's 'cpu' without a compiler), else the first
+            fitting = [e for e, reason, unavailable in checks if unavailable]
+            return (serving or fitting or found)[0]
         self.refuse_conflict("backends", (op, name))
         names = [n for (o, _), e in self.backends.items() if o == op for n in (e.name, *e.aliases)]
         return _raise_unknown(

@@ -71,20 +71,26 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
 
 
+FULL_SUFFIX = "-full"  # the seed's full-protocol suites (benchmarks/repro/make_tables.py FULL)
+
+
 def rows(suites: list[str] | None = None) -> list[dict[str, Any]]:
-    """Every training row, former grid.jsonl first; a sweep row replaces the grid row of the same run in the
-    same suite (two suites may train the same run: the full-protocol sweeps retrain the 3-seed suites'
-    lr-1e-3 runs, and each suite's table keeps its own)."""
+    """Every training row, former grid.jsonl first; a sweep row replaces the row of the same run, whichever
+    suite trained it, except across a full-protocol suite (``*-full``): those retrain the 3-seed suites'
+    lr-1e-3 runs for a table of their own, and must not take those suites' rows away."""
     from zoo_core.sweep import load_sweep
     from zoo_core.sweep.results import latest
 
-    by = {(r["suite"], r["key"]): r for r in _jsonl(RESULTS / "grid.jsonl") if r.get("kind") == "run"}
+    def identity(suite: str, key: str) -> tuple[str, str]:
+        return (suite if suite.endswith(FULL_SUFFIX) else "", key)
+
+    by = {identity(r["suite"], r["key"]): r for r in _jsonl(RESULTS / "grid.jsonl") if r.get("kind") == "run"}
     for suite in suites or SUITES:
         sweep = load_sweep(SWEEPS / f"{suite}.yaml", validate=False)
         for r in latest(sweep.results).values():
             if r.get("status") == "ok":
                 row = from_sweep(r, suite, sweep.output)
-                by[(suite, row["key"])] = row
+                by[identity(suite, row["key"])] = row
     return [r for r in by.values() if suites is None or r["suite"] in suites]
 
 

@@ -177,6 +177,9 @@ def test_unavailable_kernel_falls_back_to_chunked_and_says_why(monkeypatch, capl
     assert not [r for r in caplog.records if "selective-cuda" in r.getMessage() or "selective-triton" in r.getMessage()]
     entry = get_registry().backend("scan", "selective-cpu")
     assert "not on PATH" in entry.supports(Problem(structure="selective", lti=False))
+    # asked for by its spec name 'cpu' (zoo-core's cpu-scan shares it): the refusal gives the true reason
+    with pytest.raises(Exception, match="not on PATH"):
+        Mamba(4, backend="cpu")
 
 
 def test_loader_reasons_never_raise(monkeypatch, tmp_path):
