@@ -423,7 +423,8 @@ def _why_ours_differs(row: Mapping[str, Any], metrics: dict[str, Any]) -> str:
     except (ZooError, KeyError, ValueError):
         theirs = None
     if theirs is not None:
-        data += (f", where the paper's task is {theirs.name} ({theirs.description}; "
+        # not "the paper's task is": the zoo's dataset of that name may itself be a CPU-sized form (mqar)
+        data += (f"; the zoo's dataset named for the paper's task is {theirs.name} ({theirs.description}; "
                  f"{int(theirs.sizes.get('train', 0)):,} training sequences)")
     elif row["task"] == ds["name"]:
         data += ", the paper's data"
