@@ -229,15 +229,23 @@ def layer_built(layer: nn.Module, s: Sizes, mode: str, seed: int = 2) -> Built:
 
 def zoo_layer(core: str, name: str, backend: Any, *, origin: str = "zoo",
               skip: Callable[[Sizes, str], str | None] | None = None,
-              state_scale: int = 1) -> Impl:
+              state_scale: int = 1, compiled: bool = False) -> Impl:
     """A registry core built with one backend setting; every such layer of a core is built from
-    seed 0, so they all hold the same parameters. state_scale multiplies d_state (equal-work rows)."""
+    seed 0, so they all hold the same parameters. state_scale multiplies d_state (equal-work rows);
+    compiled: the layer under ``torch.compile(fullgraph=True)`` (Inductor; the harness's untimed
+    warm-up call compiles it)."""
     def build(s: Sizes, mode: str) -> Built:
         import torch
 
         torch.manual_seed(0)
         kw = constructor_kwargs(core, {**s, "N": s["N"] * state_scale}, backend)
-        return layer_built(registry().core(core).instantiate(**kw), s, mode)
+        layer = registry().core(core).instantiate(**kw)
+        if compiled:
+            # every instance of a core shares its forward's code object, and each compiles anew (guards on the
+            # module): a run's sizes, modes and agreement checks pass dynamo's default limit of 8
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+            torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
+        return layer_built(torch.compile(layer, fullgraph=True) if compiled else layer, s, mode)
 
     return Impl(name, build, skip=skip, agrees=state_scale == 1, origin=origin)
 

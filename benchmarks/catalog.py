@@ -74,6 +74,11 @@ def _s4d_skip(s: Sizes, mode: str, name: str) -> str | None:
     return None
 
 
+# Cores whose whole layer is also timed under torch.compile (Inductor fusing the elementwise work around
+# the scan op): issue 16's whole-layer target, against today's auto on CPU (the loop; Mamba's chunked scan).
+COMPILED_LAYERS = ("s5", "lru", "linoss", "mamba")
+
+
 def layer_family(core: str) -> Family:
     """``<core>/layer``: every backend combination the registry serves for the core, plus its peers."""
     conf = {**GENERIC, **LAYER_SIZES.get(core, {})}
@@ -83,6 +88,8 @@ def layer_family(core: str) -> Family:
         for name, backend in layer_choices(core):
             skip = (lambda s, m, n=name: _s4d_skip(s, m, n)) if core == "s4d" else None
             out.append(zoo_layer(core, name, backend, skip=skip))
+        if core in COMPILED_LAYERS:
+            out.append(zoo_layer(core, "auto + torch.compile", "auto", compiled=True))
         return out + (LAYER_PEERS[core]() if core in LAYER_PEERS else [])
 
     def ref() -> str:
