@@ -3,14 +3,17 @@ the whole prefix, sampling follows the filtered distribution, eos stops, memory 
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
 import torch
 
+from zoo_core import generate as G
 from zoo_core.build import build_model
 from zoo_core.errors import SpecError
 from zoo_core.generate import filter_logits, generate
+from zoo_core.logs import reset_log_once
 from zoo_core.testing.helpers import cores_with
 
 V = 23
@@ -256,10 +259,6 @@ def test_compiled_decoding_gives_the_same_tokens_and_is_kept_beside_the_model(na
     """generate(compile=True): Inductor compiles the step once per model (kept for later calls, not on the
     model: a deepcopy does not share it), the same greedy tokens, and no fallback."""
     import copy
-    import logging
-
-    from zoo_core import generate as G
-
     torch._dynamo.reset()
     model = _model(name, torch.float32)
     prompt = _prompt()
@@ -281,11 +280,6 @@ def _broken_compile(fn, **kw):
 
 
 def test_a_failed_compile_decodes_eagerly_and_says_why_once(monkeypatch, caplog):
-    import logging
-
-    from zoo_core import generate as G
-    from zoo_core.logs import reset_log_once
-
     monkeypatch.setattr(torch, "compile", _broken_compile)
     reset_log_once()
     model = _model("mamba")
@@ -300,11 +294,6 @@ def test_a_failed_compile_decodes_eagerly_and_says_why_once(monkeypatch, caplog)
 
 
 def test_an_error_of_the_step_itself_is_not_blamed_on_compiling(monkeypatch, caplog):
-    import logging
-
-    from zoo_core import generate as G
-    from zoo_core.logs import reset_log_once
-
     monkeypatch.setattr(torch, "compile", _broken_compile)
     reset_log_once()
     model = _model("mamba")
@@ -320,11 +309,6 @@ def test_an_error_of_the_step_itself_is_not_blamed_on_compiling(monkeypatch, cap
 
 
 def test_a_growing_kv_cache_is_decoded_eagerly_and_says_why(caplog):
-    import logging
-
-    from zoo_core import generate as G
-    from zoo_core.logs import reset_log_once
-
     reset_log_once()
     model = _model("attention")
     prompt = _prompt()
