@@ -49,8 +49,9 @@ HEAVY = {"gdn", "mamba2", "mamba3", "lrcssm", "rglru"}
 LOOP_SCAN_CORES = {"lru", "s5", "s5-bidirectional", "linoss", "rglru"}
 OPAQUE_SCANS = {"cpu-scan"}
 LENGTH_STATIC: dict[str, str] = {
-    "s4": ("the Cauchy kernel's length max(l_max, L) is the FFT's size (irfft n, F = n//2 + 1 nodes): the "
-           "FFT's size guards (parity, divisibility of n) hold for one L, not all"),
+    "s4": ("the kernel is made at l_max (or at L beyond it) and sliced to the input's length, K[:, :L] "
+           "(zoo_s4/core.py _run): whether that slice is contiguous depends on L == l_max, a guard torch's "
+           "contiguity check adds (_prims_common check_contiguous_sizes_strides), so export pins L to one side"),
     "lrcssm": ("under compile/export LrcSSM runs its exact sequential loop (DEER's convergence test is "
                "data-dependent), a Python loop over time"),
 }
