@@ -135,6 +135,12 @@ def _first_step(model: Any, compiled: Step, token: Tensor, state: Any) -> tuple[
         return out, model.step
 
 
+def _growing(model: Any) -> list[str]:
+    """The model's cores whose decoding state grows with every token (attention's KV cache), by class name."""
+    return sorted({type(c).__name__ for c in model.cores() if (hp := getattr(c, "hparams", None)) is not None
+                   and hp.grows_state()})
+
+
 def _check_prompt_lengths(lengths: Tensor, input_ids: Tensor) -> Tensor:
     B, L = input_ids.shape
     if not isinstance(lengths, Tensor) or lengths.shape != (B,) or lengths.dtype not in (torch.int32, torch.int64):
@@ -210,8 +216,7 @@ def generate(
         else:
             lengths = _check_prompt_lengths(prompt_lengths, input_ids)
             seg = Segments.from_lengths(lengths, input_ids.shape[1])
-            growing = sorted({type(c).__name__ for c in model.cores() if (hp := getattr(c, "hparams", None)) is not None
-                              and hp.grows_state()})
+            growing = _growing(model)
             if growing and len(set(lengths.tolist())) > 1:
                 raise SpecError(f"{', '.join(growing)} keeps a KV cache as long as its prompt, so prompts of unequal "
                                 "lengths cannot share one batched state; call generate once per group of equal-length "
@@ -221,8 +226,7 @@ def generate(
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         step: Step | None = model.step
         if compile:
-            growing = sorted({type(c).__name__ for c in model.cores() if (hp := getattr(c, "hparams", None)) is not None
-                              and hp.grows_state()})
+            growing = _growing(model)
             if growing:  # a KV cache changes shape every token: a static graph would recompile at each one
                 log_once(log, logging.WARNING, ("compile-growing", tuple(growing)),
                          "generate(compile=True): %s keeps a KV cache that grows every token, so the step is not "
