@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ..discretize import real_dtype
 from .naive import common, flush_subnormal
+from .powers import powers
 
 
 def block_size(L: int) -> int:
@@ -35,8 +36,6 @@ def block_size(L: int) -> int:
 
 def _blocked_powers(log_a: Tensor, L: int) -> tuple[Tensor, Tensor, int, int]:
     """inner ā^t (H, N, T) and outer ā^{jT} (H, N, J), flushed of subnormals; T and J."""
-    from .kernel import powers  # the flushed powers; kernel.py imports this module lazily
-
     T = block_size(L)
     J = math.ceil(L / T)
     real = real_dtype(log_a.dtype)
