@@ -71,8 +71,9 @@ def vandermonde_kernel_bwd(log_a: Tensor, w: Tensor, g: Tensor) -> tuple[Tensor,
     M = inner @ G.transpose(-1, -2)  # (H, N, 2J): Σ_t ā^t G[j, t]
     S = (M.reshape(*M.shape[:-1], 2, J) * outer_p[..., None, :]).sum(-1)  # (H, N, 2): S0, S1
     S0, S1 = S[..., 0], S[..., 1]
-    gw = S0.conj() if S0.is_complex() else S0
-    gl = (w * S1).conj() if S1.is_complex() else w * S1
+    # conj_physical, not the lazy conj(): a custom op's outputs must not carry the conjugate bit
+    gw = S0.conj_physical() if S0.is_complex() else S0
+    gl = (w * S1).conj_physical() if S1.is_complex() else w * S1
     return gl, gw
 
 
