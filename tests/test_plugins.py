@@ -322,6 +322,44 @@ def test_auto_announces_a_fallback_once_and_only_for_an_unavailable_backend(capl
         resolve("fused-cpu", problem=Problem(structure="diag"), who="core C", **kw)
 
 
+def test_a_backend_whose_checks_raise_costs_only_itself(caplog):
+    """A third-party backend whose supports or probe raises is passed over (its reason names the plugin, said
+    once); every core still builds on the others. A supports that imports its own missing package reads as that."""
+    import logging
+
+    from zoo_core.backends import resolve
+    from zoo_core.logs import reset_log_once
+    from zoo_core.plugin_registry import Problem
+
+    def supports_raises(p):
+        raise ZeroDivisionError("oops in supports")
+
+    def supports_imports(p):
+        import zoo_no_such_pkg_either  # noqa: F401
+
+    def probe_raises(p):
+        raise RuntimeError("oops in probe")
+
+    def zoo_register_backends(register):
+        register("bad-supports", "scan", "zoo_core.kernels.scan:scan_naive", priority=99, supports=supports_raises)
+        register("bad-import", "scan", "zoo_core.kernels.scan:scan_naive", priority=98, supports=supports_imports,
+                 requires=("zoo_no_such_pkg_either",))
+        register("bad-probe", "scan", "zoo_core.kernels.scan:scan_naive", priority=97, probe=probe_raises)
+
+    reg = load_registry([*entry_point_sources(), inline_source("h", inline_plugin("h", zoo_register_backends=zoo_register_backends))])
+    kw = {"paths": {"r": ("scan",)}, "prefer": ("r",), "reference": {"scan": "naive"}, "registry": reg, "who": "t"}
+    reset_log_once()
+    with caplog.at_level(logging.WARNING):
+        choice = resolve("auto", problem=Problem(structure="diag"), **kw)
+    assert choice.entries["scan"].name not in ("bad-supports", "bad-import", "bad-probe")
+    assert reg.backend("scan", "bad-supports").check(Problem(structure="diag"))[0].startswith(
+        "its supports check raised ZeroDivisionError: oops in supports (a bug in")
+    assert reg.backend("scan", "bad-import").check(Problem(structure="diag")) == (
+        "package 'zoo_no_such_pkg_either' is not installed", True)
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "oops in supports" in said and "oops in probe" in said  # the plugin's author hears of both
+
+
 def test_capabilities_come_from_the_params_model_and_must_agree():
     from typing import ClassVar
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import BackendUnavailableError, NameConflictError, PluginLoadError, UnknownNameError, did_you_mean
+from .logs import log_once
 from .plugin_catalogue import plugin_owners
 
 if TYPE_CHECKING:  # for annotations only: corebase imports this module (Problem) and loads torch, which listing must not
@@ -149,13 +151,27 @@ class BackendEntry:
         missing is simply "not for a CPU" on a CPU.
         """
         if self.supports_fn is not None:
-            reason = self.supports_fn(problem)
+            try:
+                reason = self.supports_fn(problem)
+            except Exception as exc:  # noqa: BLE001 - a broken plugin's check costs only its own backend
+                missing = self.unavailable_reason()  # e.g. it imported its own required package, absent here
+                return missing or self._raised("supports", exc), missing is not None
             if reason is not None:
                 return reason, False
         reason = self.unavailable_reason()
         if reason is None and self.probe_fn is not None:
-            reason = self.probe_fn(problem)
+            try:
+                reason = self.probe_fn(problem)
+            except Exception as exc:  # noqa: BLE001 - a probe should return its reason; one that raises still says no
+                reason = self._raised("probe", exc)
         return reason, reason is not None
+
+    def _raised(self, what: str, exc: Exception) -> str:
+        """The reason for a check that raised, logged once (WARNING): a plugin bug its author should hear of."""
+        reason = f"its {what} check raised {type(exc).__name__}: {exc} (a bug in {self.provider})"
+        log_once(logging.getLogger(__name__), logging.WARNING, ("raised", self.op, self.name, what, str(exc)),
+                 "backend %s:%s: %s; the backend is passed over", self.op, self.name, reason)
+        return reason
 
     def supports(self, problem: Problem) -> str | None:
         """None if this backend can serve ``problem`` here, else the reason it cannot."""
