@@ -41,11 +41,14 @@ from .errors import CoreArgumentError
 from .params import CoreParams
 from .plugin_registry import Problem
 from .plugins import get_registry  # the registry the core is built in (using_registry)
+from .precision import at_compute_precision, compute_dtype
 from .protocols import BoundDiscretizer, OptimHint, State
 
 F = TypeVar("F", bound=Callable[..., Any])
 _PATH_ATTR = "__zoo_path__"
 _NOT_ARGS = ("self", "device", "dtype")
+#: the entry points that take the input first: run at the core's compute precision (zoo_core.precision)
+_PRECISION_METHODS = ("forward", "forward_with_state", "forward_packed", "step")
 
 
 def runs_path(name: str) -> Callable[[F], F]:
@@ -156,6 +159,9 @@ class CoreBase(nn.Module):
         if len(cls.paths) > 1 and missing:
             raise TypeError(f"{cls.__name__} declares paths {list(cls.paths)} but no method marked "
                             f"@runs_path for {missing}: mark the method that computes each path")
+        for name in _PRECISION_METHODS:  # half-precision input and autocast: computed in the parameters' dtype
+            if name in cls.__dict__ and callable(cls.__dict__[name]):
+                setattr(cls, name, at_compute_precision(cls.__dict__[name]))
         init = cls.__dict__.get("__init__")
         params_ = inspect.signature(init).parameters.values() if init is not None else ()
         if init is not None and not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params_):
@@ -215,6 +221,10 @@ class CoreBase(nn.Module):
     if TYPE_CHECKING:  # every core defines its own (SSMCore); declared for the type checker only, so a core
         # without one still fails the conformance suite's isinstance(core, SSMCore)
         def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State: ...
+
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype this core computes in: half-precision input is cast to it (``zoo_core.precision``)."""
+        return compute_dtype(self)
 
     def optim_hints(self) -> Mapping[str, OptimHint]:
         lr = getattr(self, "ssm_lr", None)

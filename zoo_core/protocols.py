@@ -199,12 +199,14 @@ def complex_dtype(real: torch.dtype) -> torch.dtype:
 
 
 def require_float(x: Tensor, who: str) -> None:
-    """Refuse half-precision input to a core that computes in float32/float64 (instead of NaN)."""
+    """For a core that satisfies ``SSMCore`` without ``CoreBase`` and has no mixed-precision path:
+    refuse half-precision input with a TypeError naming the dtype (instead of NaN or a dtype error from
+    deep inside). ``CoreBase`` cores need neither this nor anything else: half-precision input and
+    autocast run at their parameters' dtype (``zoo_core.precision``)."""
     if x.dtype not in (torch.float32, torch.float64):
         raise TypeError(
-            f"{who} computes in float32 or float64 (its complex recurrences and FFTs have no "
-            f"half-precision path); got {x.dtype} input: cast it with x.float(), or keep autocast "
-            "away from SSM layers"
+            f"{who} computes in float32 or float64 and has no half-precision path; got {x.dtype} input: cast it "
+            "with x.float(), or decorate the core's forward/step with zoo_core.precision.at_compute_precision"
         )
 
 

@@ -127,7 +127,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase
-from zoo_core.protocols import State, require_float
+from zoo_core.protocols import State
 from zoo_core.plugin_registry import Problem
 
 from .params import {cls}Params
@@ -161,14 +161,12 @@ class {cls}(CoreBase, params={cls}Params):
         self.d = nn.Parameter(torch.randn(d_model, **kw))  # (H,)
 
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        require_float(x, "{cls}")
         a = torch.sigmoid(self.a_logit)  # (H, N)
         h0 = None if state is None else state["h"]  # (B, H, N)
         h, h_last = self.ops.scan(a[None, None], self.b * x[..., None], h0)  # (B, L, H, N), (B, H, N)
         return (h * self.c).sum(-1) + self.d * x, {{"h": h_last}}  # (B, L, H)
 
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
-        require_float(x_t, "{cls}")
         h = torch.sigmoid(self.a_logit) * state["h"] + self.b * x_t[..., None]  # (B, H, N)
         return (h * self.c).sum(-1) + self.d * x_t, {{"h": h}}  # (B, H)
 

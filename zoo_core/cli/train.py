@@ -44,7 +44,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {
         "dataset": args.dataset, "protocol": args.protocol, "lr": lr, "seeds": args.seeds, "epochs": args.epochs,
         "batch_size": args.batch_size, "early_stop": args.early_stop, "loss": args.loss, "normalize": args.normalize,
-        "pack": True if args.pack else None, "stop_at": args.stop_at,
+        "pack": True if args.pack else None, "stop_at": args.stop_at, "precision": args.precision,
     }
     output = args.output or str(Path("runs") / f"{Path(args.spec).stem}-{args.dataset or 'run'}")
     progress = Progress(quiet=args.quiet, bar=False if args.plain else None)
@@ -105,6 +105,9 @@ def register_cli(sub: Any) -> None:
     s.add_argument("--normalize", choices=("none", "zscore"))
     s.add_argument("--pack", action="store_true",
                    help="pack unequal-length training sequences several to a row (less padding; reports what it saved)")
+    s.add_argument("--precision", choices=("32", "bf16-mixed", "16-mixed"),
+                   help="32 (default), bf16-mixed (bfloat16 autocast) or 16-mixed (float16 autocast + gradient scaler); "
+                   "the cores compute their recurrences in float32 either way")
     s.add_argument("-o", "--output", help="run folder (default runs/<spec>-<dataset>)")
     s.add_argument("--resume", action="store_true", help="continue the run in --output where it stopped")
     s.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")

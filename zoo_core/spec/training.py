@@ -55,6 +55,9 @@ class TrainingSpec(BaseModel):
     val_fraction: float = Field(0.15 / 0.85, gt=0, lt=1, description="protocol official: the share of the train split held out")
     deterministic: bool = Field(True, description="torch.use_deterministic_algorithms (warn-only where an op has none)")
     save_every: int = Field(1, gt=0, description="write a resumable checkpoint every this many epochs")
+    precision: Literal["32", "bf16-mixed", "16-mixed"] = Field(
+        "32", description="Lightning's names: 32 = float32; bf16-mixed = bfloat16 autocast (float32 parameters, the "
+        "cores' recurrences in float32); 16-mixed = float16 autocast with a gradient scaler")
     pack: bool = Field(False, description="pack each training batch's unequal-length sequences several to a row "
                        "(seq_idx; every sequence still starts from the zero state) instead of padding each to the longest")
 
@@ -81,7 +84,7 @@ class TrainingSpec(BaseModel):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """``pack`` and ``stop_at`` are written only when set: a run, a fingerprint or a saved model's spec
+        """``pack``, ``stop_at`` and ``precision`` are written only when set: a run, a fingerprint or a saved model's spec
         from before the options existed reads exactly as it did (``--resume`` keeps working, pinned configs
         stay equal)."""
         out: dict[str, Any] = handler(self)
@@ -89,6 +92,8 @@ class TrainingSpec(BaseModel):
             out.pop("pack", None)
         if self.stop_at is None:
             out.pop("stop_at", None)
+        if self.precision == "32":
+            out.pop("precision", None)
         return out
 
     def lr_grid(self) -> list[float]:

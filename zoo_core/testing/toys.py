@@ -19,7 +19,7 @@ from ..hookspecs import RegisterCore, hookimpl
 from ..kernels.systems import DiagSystem
 from ..params import CoreParams
 from ..plugin_registry import Problem
-from ..protocols import OptimHint, State, require_float
+from ..protocols import OptimHint, State
 
 zoo_api = 1
 
@@ -48,7 +48,6 @@ class ToyDiag(CoreBase, params=ToyParams):
         return torch.sigmoid(self.a_logit)  # (H, N)
 
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        require_float(x, type(self).__name__)
         y, h_last = self.run_path(x, self.decay(), None if state is None else state["h"])
         return y + self.d * x, {"h": h_last}
 
@@ -69,7 +68,6 @@ class ToyDiag(CoreBase, params=ToyParams):
         return y, h_last
 
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
-        require_float(x_t, type(self).__name__)
         h = self.decay() * state["h"] + self.b * x_t[..., None]  # (B, H, N)
         return (h * self.c).sum(-1) + self.d * x_t, {"h": h}
 
@@ -230,14 +228,29 @@ class StateOnSelf(ToyDiag):
 BROKEN["shared_depth"] = StateOnSelf
 
 
-class AcceptsHalf(ToyDiag):
-    """Breaks the half-precision behaviour: computes on float16 input (in float32) instead of refusing it."""
+class HalfInside(ToyDiag):
+    """Breaks the half-precision behaviour: runs its recurrence in the input's half precision (parameters
+    cast down, the state returned rounded) instead of at its parameters' dtype. Its methods are set after
+    the class statement, as a core written without ``CoreBase``'s precision wrapper would have them."""
 
-    def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        return super().forward_with_state(x.float(), state)
 
-    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
-        return super().step(x_t.float(), state)
+def _half_inside_forward(self: HalfInside, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+    h = x.new_zeros(x.shape[0], self.d_model, self.d_state) if state is None else state["h"].to(x.dtype)
+    a, b, c, d = (t.to(x.dtype) for t in (self.decay(), self.b, self.c, self.d))
+    ys = []
+    for t in range(x.shape[1]):
+        h = a * h + b * x[:, t, :, None]
+        ys.append((h * c).sum(-1) + d * x[:, t])
+    return torch.stack(ys, 1), {"h": h}
+
+
+def _half_inside_step(self: HalfInside, x_t: Tensor, state: State) -> tuple[Tensor, State]:
+    y, s = _half_inside_forward(self, x_t[:, None], state)
+    return y[:, 0], s
+
+
+HalfInside.forward_with_state = _half_inside_forward  # type: ignore[method-assign,assignment]
+HalfInside.step = _half_inside_step  # type: ignore[method-assign,assignment]
 
 
 class NeedsBackend(ToyDiag):
@@ -277,7 +290,7 @@ class LeaksAcrossDocuments(ToyDiag, params=PackingToyParams):
         return y, ({"h": state["h"][segments.doc_row]} if with_states else None)
 
 
-BROKEN["half_precision"] = AcceptsHalf
+BROKEN["half_precision"] = HalfInside
 BROKEN["state_size"] = GrowingState
 BROKEN["backendless"] = NeedsBackend
 BROKEN["packing"] = LeaksAcrossDocuments

@@ -26,6 +26,7 @@ from ..errors import ZooError
 from ..io.atomic import atomic_write_file
 from ..io.pretrained import load_weights_file, save_pretrained
 from ..packing import pack_batch
+from ..precision import autocast_for, grad_scaler
 from ..spec.training import TrainingSpec
 from .ddp import DistContext, shard
 from .progress import Progress
@@ -241,6 +242,9 @@ def fit(model: nn.Module, train: SplitData, val: SplitData, test: SplitData, ctx
     if (d / "checkpoint").is_dir():
         state = load_checkpoint(d / "checkpoint", model, optimizer)
         ctx.progress.line(f"resuming {d} after epoch {state['epochs_done']}")
+    scaler = grad_scaler(cfg.precision, device)  # 16-mixed only: float16 gradients underflow unscaled
+    if scaler is not None and state.get("grad_scaler"):
+        scaler.load_state_dict(state["grad_scaler"])
     objective = Objective(model, ctx.blockwise)
     runner: nn.Module = objective
     if ctx.dist.enabled:
@@ -248,7 +252,9 @@ def fit(model: nn.Module, train: SplitData, val: SplitData, test: SplitData, ctx
     epoch = state["epochs_done"]
     while not state["finished"] and epoch < cfg.epochs:
         epoch += 1
-        record = _train_epoch(model, runner, optimizer, tr, ctx, epoch)
+        record = _train_epoch(model, runner, optimizer, tr, ctx, epoch, scaler)
+        if scaler is not None:
+            state["grad_scaler"] = scaler.state_dict()
         record.update({f"val_{k}": v for k, v in evaluate(model, va, task, eval_bs).items()})
         state["history"].append(record)
         state["epochs_done"] = epoch
@@ -275,7 +281,10 @@ def fit(model: nn.Module, train: SplitData, val: SplitData, test: SplitData, ctx
 
 
 def _train_epoch(model: nn.Module, runner: nn.Module, optimizer: torch.optim.Optimizer, tr: dict[str, Tensor],
-                 ctx: RunContext, epoch: int) -> dict[str, Any]:
+                 ctx: RunContext, epoch: int, scaler: torch.amp.GradScaler | None = None) -> dict[str, Any]:
+    """One epoch. Under ``training.precision`` bf16-mixed/16-mixed the forward runs under autocast (the
+    cores at float32 inside, ``zoo_core.precision``) and the loss in float32; 16-mixed scales the loss
+    (``scaler``) and skips a step whose gradients overflowed, as ``torch.amp.GradScaler`` does."""
     cfg, world, rank = ctx.cfg, ctx.dist.world, ctx.dist.rank
     n = int(tr["X"].shape[0])
     batches = global_batches(n, cfg.batch_size, cfg.drop_last, derive_seed(ctx.seed, epoch, 0))
@@ -298,23 +307,31 @@ def _train_epoch(model: nn.Module, runner: nn.Module, optimizer: torch.optim.Opt
             steps["valid"] += int(lengths.sum())
             steps["padded"] += int(lengths.numel() * int(lengths.max()))
             steps["packed"] += int(seq_idx.numel())
-        outs = runner(x, lengths if seq_idx is None else None, seq_idx)
+        with autocast_for(cfg.precision, x.device):
+            outs = runner(x, lengths if seq_idx is None else None, seq_idx)
+        outs = [o.float() for o in outs]  # the loss in float32 (a no-op at precision 32)
         per = torch.stack([per_sample_loss(ctx.task, o, y) for o in outs]).mean(dim=0)  # (B_rank,)
         if token_weighted:  # the mean over the global batch's scored tokens (Zoology's), not over its sequences
             counts = (y != IGNORE).sum(dim=1).to(per) * weights.to(per)  # (B_rank,)
             loss = (per * counts).sum() * world / ctx.dist.all_reduce_sum(counts.sum().double()).clamp(min=1).to(per)
         else:
             loss = (per * weights.to(per)).sum() * (world / len(batch))
-        loss.backward()
+        (loss if scaler is None else scaler.scale(loss)).backward()
         total = ctx.dist.all_reduce_sum(loss.detach().double() / world)  # the global batch's mean loss
         if not torch.isfinite(total):
             raise TrainingDivergedError(
                 f"the loss became {float(total)} at epoch {epoch}, step {step + 1} (lr {ctx.lr}, seed {ctx.seed}); "
                 f"batch sequence indices {batch.tolist()[:16]}{' ...' if len(batch) > 16 else ''}. Lower the learning rate "
                 "or set training.grad_clip")
+        if scaler is not None:
+            scaler.unscale_(optimizer)  # clip (and step) the true gradients
         if cfg.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
         loss_sum += float(total) * len(batch)
         count += len(batch)
         ctx.progress.step(float(total))

@@ -260,14 +260,6 @@ def test_discretizers_are_registered_by_this_plugin_and_resolved_by_name():
     assert reg.core("linoss").preset("imex")["discretizer"] == "linoss-imex"
 
 
-def test_half_precision_input_is_refused_not_nan():
-    layer = LinOSS(d_model=2, d_state=3)
-    with pytest.raises(TypeError, match="float32 or float64"):
-        layer(torch.randn(1, 5, 2, dtype=torch.bfloat16))
-    with pytest.raises(TypeError, match="float32 or float64"):
-        layer.step(torch.randn(1, 2, dtype=torch.float16), layer.init_state(1))
-
-
 # Δ rescaling (continuous_time) ------------------------------------------------------------
 @pytest.mark.parametrize("disc", ["linoss-im", "linoss-imex"])
 def test_rescale_dt_is_the_same_system_with_twice_the_step(disc):

@@ -207,15 +207,6 @@ def test_optim_hints_are_minimal_lrus_ssm_group():
     assert LRU(d_model=2, d_state=4, ssm_lr=None).optim_hints() == {}
 
 
-def test_half_precision_input_is_refused_not_nan():
-    layer = LRU(d_model=2, d_state=4)
-    for dtype in (torch.float16, torch.bfloat16):
-        with pytest.raises(TypeError, match="float32 or float64"):
-            layer(torch.randn(1, 5, 2, dtype=dtype))
-        with pytest.raises(TypeError, match="float32 or float64"):
-            layer.step(torch.randn(1, 2, dtype=dtype), layer.init_state(1))
-
-
 # params validation --------------------------------------------------------------------------
 @pytest.mark.parametrize("bad,field,rule", [
     ({"r_min": -0.1}, "r_min", "greater than or equal to 0"),

@@ -184,10 +184,16 @@ def test_example_specs_build():
             assert sum(p.numel() for p in model.parameters()) == params
 
 
-def test_half_input_to_a_float32_core_is_refused_naming_the_dtype_but_a_half_core_takes_it():
-    """Mamba's selective scan accumulates in float32, so a core built in bfloat16 runs bfloat16 input;
-    a float32 core refuses it up front (it used to fail inside in_proj with a matmul dtype error)."""
-    with pytest.raises(TypeError, match=r"Mamba built in torch.float32 got torch.bfloat16 input"):
-        Mamba(8)(torch.randn(2, 5, 8, dtype=torch.bfloat16))
-    y = Mamba(8, dtype=torch.bfloat16)(torch.randn(2, 5, 8, dtype=torch.bfloat16))
-    assert y.dtype == torch.bfloat16 and bool(torch.isfinite(y.float()).all())
+def test_half_input_runs_at_the_cores_own_dtype():
+    """A float32 core casts bfloat16 input up (it used to fail inside in_proj with a matmul dtype error);
+    a core built in bfloat16 runs it in bfloat16, its selective scan accumulating in float32. Both
+    return bfloat16, and a float16 input to the bfloat16 core is cast to bfloat16, not refused."""
+    x = torch.randn(2, 5, 8)
+    core = Mamba(8)
+    y = core(x.bfloat16())
+    assert y.dtype == torch.bfloat16 and (y.float() - core(x.bfloat16().float())).norm() / y.float().norm() < 1e-2
+    half = Mamba(8, dtype=torch.bfloat16)
+    assert half.compute_dtype() == torch.bfloat16
+    for dtype in (torch.bfloat16, torch.float16):
+        y = half(x.to(dtype))
+        assert y.dtype == dtype and bool(torch.isfinite(y.float()).all())

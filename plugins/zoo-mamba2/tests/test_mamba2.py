@@ -125,7 +125,6 @@ def test_the_example_specs_build(name):
     assert zoo_main(["build", str(SPECS / name)]) == 0
 
 
-
 # empty sequences and incomplete states ---------------------------------------------------------------
 @pytest.mark.parametrize("backend", ["chunked", "sequential"])
 def test_an_empty_sequence_passes_the_state_through(backend):

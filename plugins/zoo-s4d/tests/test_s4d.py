@@ -78,12 +78,3 @@ def test_step_state_is_constant_size():
     for _ in range(50):
         _, state = layer.step(torch.randn(2, 3), state)
     assert state["h"].shape == (2, 3, 4) and state["h"].dtype == torch.complex64
-
-
-def test_half_precision_input_is_refused_not_nan():
-    layer = S4D(d_model=2, d_state=4)
-    for dtype in (torch.float16, torch.bfloat16):
-        with pytest.raises(TypeError, match="float32 or float64"):
-            layer(torch.randn(1, 5, 2, dtype=dtype))
-        with pytest.raises(TypeError, match="float32 or float64"):
-            layer.step(torch.randn(1, 2, dtype=dtype), layer.init_state(1))

@@ -221,15 +221,6 @@ def test_auto_backend_is_the_parallel_scan_and_logged_once(caplog):
     assert len([r for r in caplog.records if "backend auto" in r.message]) == 1
 
 
-def test_half_precision_input_is_refused_not_nan():
-    layer = S5(d_model=2, d_state=4, blocks=1)
-    for dtype in (torch.float16, torch.bfloat16):
-        with pytest.raises(TypeError, match="float32 or float64"):
-            layer(torch.randn(1, 5, 2, dtype=dtype))
-        with pytest.raises(TypeError, match="float32 or float64"):
-            layer.step(torch.randn(1, 2, dtype=dtype), layer.init_state(1))
-
-
 def test_state_is_constant_size():
     layer = S5(d_model=3, d_state=8, blocks=2).eval()
     state = layer.init_state(2)

@@ -32,7 +32,7 @@ from zoo_core.corebase import CoreBase
 from zoo_core.errors import NotCausalError  # re-exported: raised by this core's refusals
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
-from zoo_core.protocols import State, require_float
+from zoo_core.protocols import State
 
 from .params import AttentionBidirectionalParams, AttentionParams
 
@@ -145,7 +145,6 @@ class Attention(CoreBase, params=AttentionParams):
         """x (B, L, H) from ``state`` (None: nothing seen); ``lengths`` (B,) masks keys at or past each
         sample's length (right padding), which a causal query before the length never reads anyway.
         Returns y (B, L, H) and the state after all L tokens (padding included, as for every core)."""
-        require_float(x, type(self).__name__)
         B, L, _ = x.shape
         pos = x.new_zeros(B, dtype=torch.long) if state is None else state["pos"].to(x.device, torch.long)
         qpos = pos[:, None] + torch.arange(L, device=x.device)  # (B, L)
@@ -209,7 +208,6 @@ class Attention(CoreBase, params=AttentionParams):
         keeps each query inside its document (what flash-attn's varlen ``cu_seqlens`` does, written
         as the boolean mask sdpa and the naive backend take). Returns (B, L, H) outputs (finite on
         padding) and, with ``with_states``, each document's final state (``_packed_states``)."""
-        require_float(x, type(self).__name__)
         segments.check(x)
         q, k, v = self._qkv(x, segments.position)
         y = self._attend(q, k, v, self._packed_mask(segments))
@@ -284,7 +282,6 @@ class AttentionBidirectional(Attention, params=AttentionBidirectionalParams):
         """x (B, L, H) whole; ``lengths`` (B,) masks the padded keys, so valid steps never read padding."""
         if state is not None:
             raise self._refuse("continue from a carried state")
-        require_float(x, type(self).__name__)
         B, L, _ = x.shape
         positions = torch.arange(L, device=x.device).expand(B, L)
         q, k, v = self._qkv(x, positions)

@@ -35,7 +35,7 @@ from zoo_core.init.diag import softplus_inverse_dt
 from zoo_core.kernels.short_conv import causal_conv, causal_conv_packed, causal_conv_step
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
-from zoo_core.protocols import OptimHint, State, require_float, require_state_keys
+from zoo_core.protocols import OptimHint, State, require_state_keys
 
 from .ops import gated_delta_step
 from .params import GatedDeltaNetParams
@@ -154,7 +154,6 @@ class GatedDeltaNet(CoreBase, params=GatedDeltaNetParams):
     # sequence ----------------------------------------------------------------------------
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         """x (B, L, H) -> y (B, L, H) and the state after the last step."""
-        require_float(x, "GatedDeltaNet")
         if state is not None:
             require_state_keys("GatedDeltaNet", state, _STATE_PARTS)
         weight, bias = self._conv_params()
@@ -168,7 +167,6 @@ class GatedDeltaNet(CoreBase, params=GatedDeltaNetParams):
     def forward_packed(self, x: Tensor, segments: Segments, *, with_states: bool = True) -> tuple[Tensor, State | None]:
         """Packed documents x (B, L, H) laid out by ``segments``, each from the zero state, in one call:
         y (B, L, H) and each document's final state (``conv`` (N, D, W−1), ``ssm`` (N, h, K, V))."""
-        require_float(x, "GatedDeltaNet")
         segments.check(x)
         weight, bias = self._conv_params()
         conv, pasts = causal_conv_packed(self._projected(x), weight, bias, segments)  # (B, L, D), (N, D, W−1)
@@ -184,7 +182,6 @@ class GatedDeltaNet(CoreBase, params=GatedDeltaNetParams):
     # streaming ---------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         """x_t (B, H) -> y_t (B, H); a constant-size state."""
-        require_float(x_t, "GatedDeltaNet")
         require_state_keys("GatedDeltaNet", state, _STATE_PARTS)
         weight, bias = self._conv_params()
         conv, past = causal_conv_step(self._projected(x_t), weight, bias, state["conv"])  # (B, D)

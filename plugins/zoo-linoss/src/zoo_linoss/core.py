@@ -28,7 +28,7 @@ from zoo_core.corebase import CoreBase
 from zoo_core.discretize import Discrete
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
-from zoo_core.protocols import State, complex_dtype, require_float
+from zoo_core.protocols import State, complex_dtype
 
 from .discretize import UnstableDiscretizationError, check_dt2A
 from .params import DT_MAX_DEFAULT, LinOSSParams
@@ -118,7 +118,6 @@ class LinOSS(CoreBase, params=LinOSSParams):
     def _sequence(self, x: Tensor, h0: Tensor | None, reset: Tensor | None) -> tuple[Tensor, Tensor]:
         """(outputs (B, L, H), every state (B, L, R, P, K) real) from h0 (B, R, P, K) or zero; with
         ``reset`` (B, L) the scan restarts at the marked steps (packed documents)."""
-        require_float(x, "LinOSS")
         self._guard()
         Bsz, L, H = x.shape
         P = self.d_state
@@ -142,7 +141,6 @@ class LinOSS(CoreBase, params=LinOSSParams):
     # streaming -------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         """One token in complex arithmetic. Does not check the IMEX rule (see ``init_state``)."""
-        require_float(x_t, "LinOSS")
         d = self._discrete(torch.view_as_complex(self.B))  # a (P, K, K) real, b (P, H, K) complex
         h = state["h"].to(d.b.dtype)  # (B, P, K)
         h = torch.einsum("pij,bpj->bpi", d.a.to(h.dtype), h) + torch.einsum("bh,phk->bpk", x_t.to(h.dtype), d.b)

@@ -32,7 +32,7 @@ from zoo_core.corebase import CoreBase, runs_path
 from zoo_core.logs import log_once
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
-from zoo_core.protocols import State, require_float
+from zoo_core.protocols import State
 
 from .deer import NewtonConvergenceError, NewtonResult, default_tol, newton_fixed_point, newton_step
 from .params import DEFAULT_MAX_ITER, LrcSSMParams
@@ -234,7 +234,6 @@ class LrcSSM(CoreBase, params=LrcSSMParams):
         return states if self.out_proj is None else self.out_proj(states)  # (..., H)
 
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        require_float(x, "LrcSSM")
         u = x.to(self.weight_mu.dtype)  # (B, L, H)
         h0 = self.init_state(u.shape[0], dtype=u.dtype, device=u.device)["x"] if state is None else state["x"]
         pf, pz = self.drive(u)  # (B, L, D) each
@@ -245,7 +244,6 @@ class LrcSSM(CoreBase, params=LrcSSMParams):
         """Packed documents (``zoo_core.packing``) in one solve of the chosen path over the whole batch:
         the state entering every document start is zero (and, for Newton, so is the Jacobian there);
         each final state is the document's last step."""
-        require_float(x, "LrcSSM")
         segments.check(x)
         u = x.to(self.weight_mu.dtype)  # (B, L, H)
         pf, pz = self.drive(u)  # (B, L, D) each
@@ -254,7 +252,6 @@ class LrcSSM(CoreBase, params=LrcSSMParams):
         return self._out(states).to(x.dtype), ({"x": segments.at_ends(states)} if with_states else None)
 
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
-        require_float(x_t, "LrcSSM")
         u = x_t.to(self.weight_mu.dtype)  # (B, H)
         x = self.cell(state["x"].to(u.dtype), *self.drive(u))  # (B, D)
         return self._out(x).to(x_t.dtype), {"x": x}

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from zoo_core.corebase import CoreBase
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
-from zoo_core.protocols import State, complex_dtype, require_float
+from zoo_core.protocols import State, complex_dtype
 
 from .params import LRUParams
 
@@ -96,7 +96,6 @@ class LRU(CoreBase, params=LRUParams):
 
     # sequence --------------------------------------------------------------------------
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        require_float(x, "LRU")
         h0 = None if state is None else state["h"]  # (B, N)
         bu = self._Bu(x)  # (B, L, N)
         h, h_last = self.ops.scan(self.lam()[None, None], bu, h0)  # (B, L, N)
@@ -106,7 +105,6 @@ class LRU(CoreBase, params=LRUParams):
     def forward_packed(self, x: Tensor, segments: Segments, *, with_states: bool = True) -> tuple[Tensor, State | None]:
         """Packed documents (``zoo_core.packing``) in one scan: the scan drops the state at every document
         start (``reset``), so each document runs from zero; its final state is its last step's."""
-        require_float(x, "LRU")
         segments.check(x)
         h, _ = self.ops.scan(self.lam()[None, None], self._Bu(x), None, reset=segments.starts)  # (B, L, N)
         y = self._Cx(h) + self.D * x  # (B, L, H)
@@ -114,7 +112,6 @@ class LRU(CoreBase, params=LRUParams):
 
     # streaming -------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
-        require_float(x_t, "LRU")
         h = self.lam() * state["h"] + self._Bu(x_t)  # (B, N)
         y = self._Cx(h) + self.D * x_t  # (B, H)
         return y.to(x_t.dtype), {"h": h}

@@ -58,14 +58,6 @@ class _Bias(nn.Module):
         self.bias = nn.Parameter(torch.empty(n, **kw))
 
 
-def _refuse_half(x: Tensor, weight: Tensor) -> None:
-    """Half-precision input to a float32/float64 core is refused naming the dtype (not a matmul
-    dtype error); a core built in that dtype (``dtype=torch.bfloat16``) takes it."""
-    if x.dtype in (torch.float16, torch.bfloat16) and x.dtype != weight.dtype:
-        raise TypeError(f"Mamba built in {weight.dtype} got {x.dtype} input; cast it with x.to({weight.dtype}), "
-                        f"or build the core with dtype={x.dtype} (mixed precision is not supported yet)")
-
-
 class Mamba(CoreBase, params=MambaParams):
     paths = {"selective": ("scan",)}
     reference = {"scan": "selective-naive"}
@@ -145,10 +137,13 @@ class Mamba(CoreBase, params=MambaParams):
     def A(self) -> Tensor:
         return -torch.exp(self.A_log)  # (Di, N)
 
+    def compute_dtype(self) -> torch.dtype:
+        """The projections' dtype (a core built in bfloat16 keeps A_log and D in float32 but computes in bfloat16)."""
+        return self.in_proj.weight.dtype
+
     # sequence ----------------------------------------------------------------------------
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         """x (Bt, L, H) -> y (Bt, L, H) and the state after the last step."""
-        _refuse_half(x, self.in_proj.weight)
         xi, z = self.in_proj(x).chunk(2, dim=-1)  # (Bt, L, Di) each
         xc, past = causal_conv(xi, self.conv1d.weight, self.conv1d.bias, None if state is None else state["conv"])
         u = F.silu(xc)  # (Bt, L, Di)
@@ -164,7 +159,6 @@ class Mamba(CoreBase, params=MambaParams):
 
         One call over the whole batch, not a loop over documents: the conv window and the scan's
         state restart at every document start. Padding steps give finite outputs of zero input."""
-        _refuse_half(x, self.in_proj.weight)
         segments.check(x)
         x = torch.where(segments.valid[..., None], x, torch.zeros((), dtype=x.dtype, device=x.device))
         xi, z = self.in_proj(x).chunk(2, dim=-1)  # (Bt, L, Di) each
@@ -182,7 +176,6 @@ class Mamba(CoreBase, params=MambaParams):
     # streaming ---------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         """x_t (Bt, H) -> y_t (Bt, H); a constant-size state."""
-        _refuse_half(x_t, self.in_proj.weight)
         xi, z = self.in_proj(x_t).chunk(2, dim=-1)  # (Bt, Di) each
         xc, past = causal_conv_step(xi, self.conv1d.weight, self.conv1d.bias, state["conv"])  # (Bt, Di)
         u = F.silu(xc)

@@ -48,13 +48,6 @@ from .ssd import SSDOp, ssd_step
 _STATE_PARTS = {"conv": "(B, Di + 2·G·N, d_conv − 1)", "ssm": "(B, heads, head_dim, d_state)"}
 
 
-def _refuse_half(x: Tensor, weight: Tensor) -> None:
-    """Half-precision input to a float32/float64 core is refused naming the dtype."""
-    if x.dtype in (torch.float16, torch.bfloat16) and x.dtype != weight.dtype:
-        raise TypeError(f"Mamba2 built in {weight.dtype} got {x.dtype} input; cast it with x.to({weight.dtype}), "
-                        f"or build the core with dtype={x.dtype} (mixed precision is not supported yet)")
-
-
 class Mamba2(CoreBase, params=Mamba2Params):
     paths = {"ssd": ("scan",)}
     reference = {"scan": "ssd-sequential"}
@@ -131,10 +124,13 @@ class Mamba2(CoreBase, params=Mamba2Params):
         g = self.norm(y, z) if self.norm is not None else y * F.silu(z.to(y.dtype))
         return cast(Tensor, self.out_proj(g.to(self.out_proj.weight.dtype)))
 
+    def compute_dtype(self) -> torch.dtype:
+        """The projections' dtype (a core built in bfloat16 keeps A_log and D in float32 but computes in bfloat16)."""
+        return self.in_proj.weight.dtype
+
     # sequence ----------------------------------------------------------------------------
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         """x (Bt, L, H) -> y (Bt, L, H) and the state after the last step."""
-        _refuse_half(x, self.in_proj.weight)
         Bt, L, _ = x.shape
         if state is not None:
             require_state_keys("Mamba2", state, _STATE_PARTS)
@@ -158,7 +154,6 @@ class Mamba2(CoreBase, params=Mamba2Params):
         On padding steps the scan sees Δ = 0 and x = B = C = 0 (transformers issue 48256: an unmasked Δ
         on right padding corrupted the carried state): whatever the padding holds, it neither moves a
         state nor reaches a document's numbers, not even as 0 · inf in the chunk matmuls."""
-        _refuse_half(x, self.in_proj.weight)
         segments.check(x)
         z, xbc, dt = self._split(self.in_proj(x))
         xc, pasts = causal_conv_packed(xbc, self.conv1d.weight, self.conv1d.bias, segments)  # (Bt, L, Dc), (N, Dc, K−1)
@@ -177,7 +172,6 @@ class Mamba2(CoreBase, params=Mamba2Params):
     # streaming ---------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         """x_t (Bt, H) -> y_t (Bt, H); a constant-size state."""
-        _refuse_half(x_t, self.in_proj.weight)
         require_state_keys("Mamba2", state, _STATE_PARTS)
         z, xbc, dt = self._split(self.in_proj(x_t))
         conv, past = causal_conv_step(xbc, self.conv1d.weight, self.conv1d.bias, state["conv"])  # (Bt, Dc)

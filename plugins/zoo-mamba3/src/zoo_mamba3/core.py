@@ -38,7 +38,7 @@ from zoo_core.nn.gated_norm import GatedRMSNorm
 from zoo_core.packing import Segments
 from zoo_core.params import resolve_heads
 from zoo_core.plugin_registry import Problem
-from zoo_core.protocols import OptimHint, State, require_float, require_state_keys
+from zoo_core.protocols import OptimHint, State, require_state_keys
 
 from .params import Mamba3Params
 from .scan import TrapScanOp, trap_scan_sequential
@@ -169,7 +169,6 @@ class Mamba3(CoreBase, params=Mamba3Params):
 
     def _run(self, u: Tensor, state: State | None, scan: TrapScanOp) -> tuple[Tensor, State]:
         """u (Bt, L, Dm) through ``scan``, continuing ``state``; the output and the state after."""
-        require_float(u, "Mamba3")
         Bt, L, _ = u.shape
         if state is not None:
             require_state_keys("Mamba3", state, self._state_parts(),
@@ -207,7 +206,6 @@ class Mamba3(CoreBase, params=Mamba3Params):
         On padding steps the scan sees Δ = 0 and x = 0 (transformers issue 48256: an unmasked Δ on right
         padding corrupted the carried state; B and C are normed, so bounded): whatever the padding
         holds, it neither moves a state nor reaches a document's numbers."""
-        require_float(x, "Mamba3")
         segments.check(x)
         p = self._project(x, None, segments)
         valid = segments.valid[..., None]  # (Bt, L, 1)

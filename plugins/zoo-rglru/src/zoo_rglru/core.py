@@ -42,7 +42,7 @@ from zoo_core.corebase import CoreBase, runs_path
 from zoo_core.kernels.short_conv import causal_conv, causal_conv_packed, causal_conv_step
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
-from zoo_core.protocols import State, require_float, require_state_keys
+from zoo_core.protocols import State, require_state_keys
 
 from .params import RGLRUParams
 
@@ -305,7 +305,6 @@ class RGLRU(CoreBase, params=RGLRUParams):
     # sequence ----------------------------------------------------------------------------------
     def forward_with_state(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         """u (B, L, H) -> out (B, L, H) and the state after the last step."""
-        require_float(x, "RGLRU")
         if state is None:
             state = self.init_state(x.shape[0], device=x.device, dtype=x.dtype)
         require_state_keys("RGLRU", state, _STATE_PARTS)
@@ -335,7 +334,6 @@ class RGLRU(CoreBase, params=RGLRUParams):
         """Packed documents u (B, L, H) laid out by ``segments``, each from the zero state, in one call
         on the bound path: out (B, L, H) and each document's final state (``conv`` (N, W, K−1), ``h`` (N, W),
         ``start`` (N,) zeros, as after any run)."""
-        require_float(x, "RGLRU")
         segments.check(x)
         xc, pasts = causal_conv_packed(self.linear_x(x), self.conv_1d.weight, self.conv_bias, segments)  # (B, L, W)
         h0 = xc.new_zeros(x.shape[0], self.lru_width, dtype=torch.promote_types(x.dtype, torch.float32))  # (B, W)
@@ -358,7 +356,6 @@ class RGLRU(CoreBase, params=RGLRUParams):
     # streaming ---------------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         """u_t (B, H) -> out_t (B, H); a constant-size state."""
-        require_float(x_t, "RGLRU")
         xc, past = causal_conv_step(self.linear_x(x_t), self.conv_1d.weight, self.conv_bias, state["conv"])  # (B, W)
         a, b = self.transition(xc[:, None], state["start"])  # (B, 1, W) each
         h = a[:, 0] * state["h"] + b[:, 0]  # (B, W)

@@ -29,7 +29,7 @@ from zoo_core.kernels.dplr import DPLRStep, StepMatrices, c_from_ctilde, ctilde_
 from zoo_core.kernels.systems import DPLRSystem
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
-from zoo_core.protocols import State, complex_dtype, require_float
+from zoo_core.protocols import State, complex_dtype
 
 from .params import S4Params
 
@@ -112,7 +112,6 @@ class S4(CoreBase, params=S4Params):
         return segments.pack(y, align="right"), (None if h is None else {"h": h})
 
     def _run(self, x: Tensor, state: State | None, want_state: bool) -> tuple[Tensor, Tensor | None]:
-        require_float(x, "S4")
         L = x.shape[1]
         system, kernel_len = self.system(L)
         K = self.ops.kernel(system, kernel_len)[:, :L]  # (H, L)
@@ -143,7 +142,6 @@ class S4(CoreBase, params=S4Params):
         return self._step_cache[1]
 
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
-        require_float(x_t, "S4")
         y, h = DPLRStep.step(self._step_matrices(), state["h"], x_t)
         return y.to(x_t.dtype) + self.D * x_t, {"h": h}
 

@@ -23,7 +23,7 @@ from zoo_core.init.diag import S4DInit, log_uniform_dt, s4d_init
 from zoo_core.kernels.systems import DiagSystem
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
-from zoo_core.protocols import State, complex_dtype, require_float
+from zoo_core.protocols import State, complex_dtype
 
 from .params import S4DParams
 
@@ -88,13 +88,11 @@ class S4D(CoreBase, params=S4DParams):
         """Packed documents (``zoo_core.packing``), each from the zero state, in one call of the chosen
         path: the scan restarts at every document start; the convolution runs on the documents
         right-aligned (see ``_convolve``)."""
-        require_float(x, "S4D")
         segments.check(x)
         y, h = self.run_path(x, self._discrete(), None, with_states, segments)
         return y + x * self.D, ({"h": h} if h is not None else None)
 
     def _run(self, x: Tensor, state: State | None, want_state: bool) -> tuple[Tensor, Tensor | None]:
-        require_float(x, "S4D")
         d = self._discrete()
         h0 = None if state is None else state["h"]  # (B, H, P)
         y, h = self.run_path(x, d, h0, want_state)
@@ -149,7 +147,6 @@ class S4D(CoreBase, params=S4DParams):
 
     # streaming -------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
-        require_float(x_t, "S4D")
         d = self._discrete()
         h = d.a * state["h"] + d.b * x_t[..., None].to(d.b.dtype)  # (B, H, P)
         y = 2 * (h * self._C()).sum(-1).real + self.D * x_t  # (B, H)

@@ -29,7 +29,7 @@ from zoo_core.errors import NotCausalError  # re-exported: raised by this core's
 from zoo_core.init.diag import log_uniform_dt
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
-from zoo_core.protocols import State, complex_dtype, require_float
+from zoo_core.protocols import State, complex_dtype
 
 from .init import block_hippo_n, init_B_tilde, init_C_tilde
 from .params import S5BidirectionalParams, S5Params
@@ -130,7 +130,6 @@ class S5(CoreBase, params=S5Params):
         documents, no incoming state) both scans restart at every document start, and the reverse
         one runs on time reversed inside each document (``segments.reverse``) instead of the whole row,
         so no document sees its neighbour and padding (left in place) never reaches a valid step."""
-        require_float(x, type(self).__name__)
         a, b = self.discrete()  # (P,), (P, H)
         bu = _project(x, b)  # (B, L, P)
         scan = self.ops.scan if segments is None else functools.partial(self.ops.scan, reset=segments.starts)
@@ -144,7 +143,6 @@ class S5(CoreBase, params=S5Params):
 
     # streaming -------------------------------------------------------------------------
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
-        require_float(x_t, type(self).__name__)
         a, b = self.discrete()
         h = a * state["h"] + _project(x_t, b)  # (B, P)
         y = _readout(h, torch.view_as_complex(self.C)) + self.D * x_t  # (B, H)
