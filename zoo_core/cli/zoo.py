@@ -259,7 +259,7 @@ def _names_other_command(argv: Sequence[str] | None, builtin: Any) -> bool:
 # zoo-core's own command groups, each a module with ``register_cli(subparsers)`` that imports
 # nothing heavy at load time (``zoo --help`` stays torch-free).
 BUILTIN_COMMANDS = ("zoo_core.cli.train", "zoo_core.sweep.cli", "zoo_core.cli.hub", "zoo_core.convert", "zoo_core.generate_cli",
-                    "zoo_core.scaffold")
+                    "zoo_core.scaffold", "zoo_core.export_cli")
 
 
 def _builtin_commands(sub: Any) -> None:

@@ -1,0 +1,118 @@
+"""``zoo export``: a model as an ONNX / pt2 file that runs with no zoo, checked against the zoo.
+
+Stream parity (issue: the edge path): onnxruntime runs the exported step over a real BasicMotions
+sequence, feeding its own state back, and matches the zoo's eager ``step`` at every step to 1e-5
+and the parallel forward at the end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from zoo_core.build import build_model
+from zoo_core.datasets import load_uea_bundled
+from zoo_core.export_cli import ExportError, export_model, onnx_parity
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+# cores whose stream model exports to ONNX today (a real-valued state; complex-state cores: see below)
+ONNX_STREAM = ["mamba", "mamba2", "mamba3", "gdn", "rglru", "lrcssm"]
+
+
+def _spec(kind: str, depth: int = 2) -> dict:
+    return {"schema_version": 1, "name": f"{kind}-basicmotions", "task": {"kind": "classification", "classes": 4},
+            "input": {"channels": 6}, "model": {"d_model": 16, "depth": depth, "core": {"kind": kind, "preset": "tiny"}}}
+
+
+@pytest.fixture(scope="module")
+def motion() -> torch.Tensor:
+    X, _, lengths = load_uea_bundled("basicmotions", split="test")
+    return torch.from_numpy(X[:1, : int(lengths[0])]).float()  # (1, 100, 6): a real recording
+
+
+@pytest.mark.parametrize("kind", ONNX_STREAM)
+def test_onnx_stream_matches_step_and_forward_on_a_real_sequence(kind, motion, tmp_path):
+    model = build_model(_spec(kind), seed=0).eval()
+    exported = export_model(kind, model=model, fmt="onnx", mode="stream", output=tmp_path / "m.onnx")
+    session = ort.InferenceSession(str(exported.path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == exported.inputs
+    assert [o.name for o in session.get_outputs()] == exported.outputs
+    names = exported.module.names
+    state = model.init_state(1)
+    flat = [t.numpy() for t in exported.module.flatten(state)]
+    with torch.no_grad():
+        for t in range(motion.shape[1]):
+            y_ref, state = model.step(motion[:, t], state)
+            got = session.run(None, {"x_t": motion[:, t].numpy(), **{f"state.{n}": v for n, v in zip(names, flat, strict=True)}})
+            y, flat = got[0], got[1:]
+            np.testing.assert_allclose(y, y_ref.numpy(), rtol=1e-5, atol=1e-5, err_msg=f"{kind} step {t}")
+        ref_state = exported.module.flatten(state)
+        for n, a, b in zip(names, flat, ref_state, strict=True):
+            np.testing.assert_allclose(a, b.numpy(), rtol=1e-5, atol=1e-5, err_msg=f"{kind} state {n}")
+        np.testing.assert_allclose(y, model(motion).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_exported_files_carry_the_spec_and_versions(tmp_path):
+    import onnx
+
+    model = build_model(_spec("mamba"), seed=0).eval()
+    path = export_model("mamba", model=model, fmt="onnx", output=tmp_path / "m.onnx").path
+    meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert json.loads(meta["zoo.spec"]) == model.spec and meta["zoo.mode"] == "stream"
+    versions = json.loads(meta["zoo.versions"])
+    assert versions["torch"] == torch.__version__ and "zoo-core" in versions and "zoo-mamba" in versions
+    assert json.loads(meta["zoo.inputs"])[0] == "x_t"
+
+
+@pytest.mark.parametrize("kind", ["s4d", "mamba"])
+def test_pt2_stream_and_sequence_round_trip(kind, motion, tmp_path):
+    model = build_model(_spec(kind), seed=0).eval()
+    stream = export_model(kind, model=model, fmt="pt2", mode="stream", output=tmp_path / "s.pt2")
+    loaded = torch.export.load(str(stream.path)).module()
+    state = model.init_state(1)
+    flat = stream.module.flatten(state)
+    with torch.no_grad():
+        for t in range(20):
+            y_ref, state = model.step(motion[:, t], state)
+            y, *flat = loaded(motion[:, t], *flat)
+            torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-6)
+    extra = {"zoo.json": ""}
+    torch.export.load(str(stream.path), extra_files=extra)
+    assert json.loads(extra["zoo.json"])["zoo.mode"] == "stream"
+    seq = export_model(kind, model=model, fmt="pt2", mode="sequence", output=tmp_path / "q.pt2", length=32)
+    assert seq.dynamic_length
+    program = torch.export.load(str(seq.path)).module()
+    with torch.no_grad():
+        for L in (32, 100):  # another length than the example's: the length is dynamic
+            torch.testing.assert_close(program(motion[:, :L]), model(motion[:, :L]), rtol=1e-4, atol=1e-5)
+
+
+def test_cli_exports_and_checks_in_onnxruntime(tmp_path, capsys):
+    from zoo_core.cli.zoo import main
+
+    spec = tmp_path / "mamba.yaml"
+    spec.write_text(json.dumps(_spec("mamba")))
+    assert main(["export", str(spec), "--format", "onnx", "-o", str(tmp_path / "m.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "inputs  x_t, state.input.t" in out and "onnxruntime vs the eager model: max |diff|" in out
+
+
+def test_bad_requests_are_refused_naming_the_core_and_the_option(tmp_path):
+    bidir = build_model({**_spec("s5-bidirectional", depth=1)}, seed=0).eval()
+    with pytest.raises(ExportError, match=r"S5Bidirectional has none .*--mode sequence"):
+        export_model("x", model=bidir, fmt="onnx", mode="stream", output=tmp_path / "b.onnx")
+    complex_core = build_model(_spec("s4d", depth=1), seed=0).eval()
+    with pytest.raises(ExportError, match=r"ONNX export of S4D \(--mode stream\) failed: .*--format pt2"):
+        export_model("x", model=complex_core, fmt="onnx", mode="stream", output=tmp_path / "c.onnx")
+    with pytest.raises(Exception, match="--format 'tflite'"):
+        export_model("x", model=complex_core, fmt="tflite")
+
+
+def test_onnx_parity_reports_the_largest_difference(tmp_path):
+    model = build_model(_spec("rglru"), seed=0).eval()
+    exported = export_model("rglru", model=model, fmt="onnx", output=tmp_path / "r.onnx")
+    assert onnx_parity(exported) < 1e-5

@@ -1,0 +1,316 @@
+"""``zoo export MODEL --format onnx|pt2|executorch --mode stream|sequence``: a model as a file that
+runs with no Python and no zoo.
+
+Modes:
+    stream    one ``step``: inputs ``x_t`` then the state, outputs ``y_t`` then the new state (what an
+              edge device runs, one token at a time, in constant memory). Names are stable:
+              ``x_t``, ``state.<name>`` in; ``y_t``, ``next.<name>`` out, ``<name>`` the model's flat
+              state names sorted as strings (``input.t``, ``layer0.h``, ..., ``zoo_core.export``).
+              The first state is all zeros (``model.init_state``); a dynamic batch.
+    sequence  the parallel forward over ``x`` (B, L, ...): dynamic batch and, where the model's ops
+              trace without a loop over time, a dynamic length (else the exported length is fixed to
+              ``--length``, and that is said once).
+
+Formats:
+    pt2         ``torch.export`` archive (``torch.export.load``), every core.
+    onnx        ``torch.onnx.export(..., dynamo=True)``; checked against the eager model in
+                onnxruntime when it is installed (``zoo-core[export]``).
+    executorch  ``torch.export`` lowered by ExecuTorch (``zoo-core[executorch]``) to a ``.pte``.
+
+Every file carries the spec and the versions it came from: ONNX metadata_props, the pt2 archive's
+``extra/zoo.json``, beside a ``.pte`` as ``<file>.json``. Torch and the exporters are imported only
+when the command runs (``zoo --help`` stays torch-free).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import SpecError, ZooError
+
+log = logging.getLogger(__name__)
+
+FORMATS = {"onnx": ".onnx", "pt2": ".pt2", "executorch": ".pte"}
+MODES = ("stream", "sequence")
+
+
+class ExportError(ZooError):
+    """A model cannot be exported in the asked format or mode; the message names the core and the option."""
+
+    exit_code = 2
+
+
+def load_any(model_ref: str) -> Any:
+    """A model from a spec YAML (random init, seed 0), a saved folder or a reference (``arch.tag``,
+    ``hf-hub:``, ``local-dir:``, pulled and checked first)."""
+    from .build import build_model  # lazy: torch
+    from .factory import load_pretrained
+    from .hub.pulling import pull
+
+    path = Path(model_ref)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return build_model(path, seed=0).eval()
+    folder = path if path.is_dir() else Path(pull(model_ref).path)
+    return load_pretrained(folder).eval()
+
+
+def example_input(model: Any, batch: int, length: int) -> Any:
+    """(B, L, C) float32 features or (B, L) token ids, as the model's spec says; seeded."""
+    import torch
+
+    spec_in = model.spec["input"]
+    g = torch.Generator().manual_seed(0)
+    if "vocab_size" in spec_in:
+        return torch.randint(0, int(spec_in["vocab_size"]), (batch, length), generator=g)
+    return torch.randn(batch, length, int(spec_in["channels"]), generator=g)
+
+
+def core_kinds(model: Any) -> str:
+    """The model's core kinds, for messages ("s4d", "mamba + attention")."""
+    kinds = sorted({getattr(type(c), "__name__", "?") for c in model.cores()})
+    return " + ".join(kinds)
+
+
+def metadata(model: Any, source: str, fmt: str, mode: str, inputs: list[str], outputs: list[str]) -> dict[str, str]:
+    """What travels inside the file: the spec, the names, the versions (all strings, as ONNX wants)."""
+    from importlib.metadata import packages_distributions
+
+    import torch
+
+    from . import __version__
+
+    owners = packages_distributions()
+    plugins = {dist: _dist_version(dist) for core in model.cores()
+               for dist in owners.get(type(core).__module__.split(".")[0], ())}
+    return {
+        "zoo.spec": json.dumps(model.spec, sort_keys=True),
+        "zoo.source": source,
+        "zoo.format": fmt,
+        "zoo.mode": mode,
+        "zoo.inputs": json.dumps(inputs),
+        "zoo.outputs": json.dumps(outputs),
+        "zoo.versions": json.dumps({"zoo-core": __version__, "torch": torch.__version__, **plugins}, sort_keys=True),
+    }
+
+
+def _dist_version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+class Exported:
+    """What ``export_model`` made: the file, the program it came from, its inputs and what they are called."""
+
+    def __init__(self, path: Path, program: Any, module: Any, args: tuple[Any, ...], inputs: list[str],
+                 outputs: list[str], meta: dict[str, str], dynamic_length: bool) -> None:
+        self.path, self.program, self.module, self.args = path, program, module, args
+        self.inputs, self.outputs, self.meta, self.dynamic_length = inputs, outputs, meta, dynamic_length
+
+
+def _stream(model: Any, batch: int) -> tuple[Any, tuple[Any, ...], list[str], list[str], Any]:
+    import torch
+    from torch.export import Dim
+
+    from .export import MAX_BATCH, StepModule, _batch_dims
+
+    non_causal = [type(c).__name__ for c in model.cores() if "step" not in getattr(c, "capabilities", ("step",))]
+    if non_causal:
+        raise ExportError(f"--mode stream exports one step, and this model's core {', '.join(sorted(set(non_causal)))} has "
+                          "none (it is bidirectional: each output reads the whole sequence); export it with --mode sequence")
+    state = model.init_state(batch)
+    wrapper = StepModule(model, state)
+    x = example_input(model, batch, 1)[:, 0]
+    args = (x, *wrapper.flatten(state))
+    dims = _batch_dims(args, batch, Dim("batch", min=1, max=MAX_BATCH))
+    shapes = (dims[0], tuple(dims[1:]))
+    inputs = ["x_t", *[f"state.{n}" for n in wrapper.names]]
+    outputs = ["y_t", *[f"next.{n}" for n in wrapper.names]]
+    with torch.no_grad():
+        return wrapper, args, inputs, outputs, shapes
+
+
+def _sequence(model: Any, batch: int, length: int, dynamic_length: bool) -> tuple[Any, tuple[Any, ...], Any]:
+    from torch.export import Dim
+
+    from .export import MAX_BATCH, MAX_LENGTH
+
+    x = example_input(model, batch, length)
+    dims: dict[int, Any] = {0: Dim("batch", min=1, max=MAX_BATCH)}
+    if dynamic_length:
+        dims[1] = Dim("length", min=2, max=MAX_LENGTH)
+    return model, (x,), ({**dims},)
+
+
+def _torch_export(module: Any, args: tuple[Any, ...], shapes: Any) -> Any:
+    import torch
+
+    with torch.no_grad():
+        return torch.export.export(module, args, dynamic_shapes=shapes)
+
+
+def export_model(model_ref: str, *, fmt: str = "onnx", mode: str = "stream", output: str | Path | None = None,
+                 length: int = 256, static_length: bool = False, batch: int = 2, model: Any = None) -> Exported:
+    """Export ``model_ref`` (or an already loaded ``model``) to ``output`` (default ``<model>-<mode><ext>``).
+
+    ``length`` is the example (and, where the length cannot be dynamic, the fixed) sequence length of
+    ``--mode sequence``; ``batch`` the example batch (the exported batch is dynamic).
+    """
+    if fmt not in FORMATS:
+        raise SpecError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if mode not in MODES:
+        raise SpecError(f"--mode {mode!r}: choose stream (one step, what an edge device runs) or sequence (the parallel forward)")
+    if length < 2:
+        raise SpecError(f"--length must be ≥ 2 (export specialises lengths 0 and 1), got {length}")
+    model = model if model is not None else load_any(model_ref)
+    stem = Path(model_ref.rstrip("/")).name.removesuffix(".yaml").replace(":", "-") or "model"
+    path = Path(output) if output else Path(f"{stem}-{mode}{FORMATS[fmt]}")
+    dynamic_length = False
+    if mode == "stream":
+        module, args, inputs, outputs, shapes = _stream(model, batch)
+        program = _export_or_explain(module, args, shapes, model, mode)
+    else:
+        inputs, outputs = ["x"], ["y"]
+        program = None
+        if not static_length:
+            module, args, shapes = _sequence(model, batch, length, True)
+            try:
+                program = _torch_export(module, args, shapes)
+                dynamic_length = True
+            except Exception as exc:  # noqa: BLE001 - a dynamic length the ops refuse: fall back, said once
+                log.warning("zoo export: %s does not export with a dynamic length (%s: %s); the exported sequence "
+                            "model takes exactly %d steps (--length)", core_kinds(model), type(exc).__name__,
+                            str(exc).splitlines()[0][:200], length)
+        if program is None:
+            module, args, shapes = _sequence(model, batch, length, False)
+            program = _export_or_explain(module, args, shapes, model, mode)
+    meta = metadata(model, model_ref, fmt, mode, inputs, outputs)
+    meta["zoo.dynamic_length"] = json.dumps(dynamic_length if mode == "sequence" else None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "pt2":
+        import torch
+
+        torch.export.save(program, str(path), extra_files={"zoo.json": json.dumps(meta, sort_keys=True)})
+    elif fmt == "onnx":
+        _save_onnx(program, path, inputs, outputs, meta, model, mode)
+    else:
+        _save_executorch(program, path, meta, model)
+    return Exported(path, program, module, args, inputs, outputs, meta, dynamic_length)
+
+
+def _export_or_explain(module: Any, args: tuple[Any, ...], shapes: Any, model: Any, mode: str) -> Any:
+    try:
+        return _torch_export(module, args, shapes)
+    except Exception as exc:  # noqa: BLE001 - torch.export's own error, given the model's name and the way out
+        raise ExportError(f"torch.export of {core_kinds(model)} in --mode {mode} failed: {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:300]}") from None
+
+
+def _save_onnx(program: Any, path: Path, inputs: list[str], outputs: list[str], meta: dict[str, str], model: Any,
+               mode: str) -> None:
+    import torch
+
+    try:
+        import onnxscript  # noqa: F401  - torch.onnx's dynamo exporter needs it
+    except ImportError:
+        raise ExportError("--format onnx needs the onnx and onnxscript packages: pip install 'zoo-core[export]'") from None
+    try:
+        onnx_program = torch.onnx.export(program, dynamo=True, input_names=inputs, output_names=outputs,
+                                         optimize=True, verbose=False)
+    except Exception as exc:  # noqa: BLE001 - the converter's error, reduced to what failed and the way out
+        text = str(exc)
+        op = (_first_line_with(text, "No ONNX function found for") or _first_line_with(text, "Error when translating")
+              or text.splitlines()[0])
+        op = op.split(">: ", 1)[-1] if op.lstrip().startswith("<class") else op  # the exception's class, said once
+        raise ExportError(f"ONNX export of {core_kinds(model)} (--mode {mode}) failed: {op.strip()[:300]}. "
+                          "An op here has no ONNX translation; --format pt2 (or executorch) exports this model") from None
+    assert onnx_program is not None
+    onnx_program.model.metadata_props.update(meta)
+    onnx_program.save(str(path))
+
+
+def _first_line_with(text: str, needle: str) -> str | None:
+    for line in text.splitlines():
+        if needle in line:
+            return line
+    return None
+
+
+def _save_executorch(program: Any, path: Path, meta: dict[str, str], model: Any) -> None:
+    try:
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        from executorch.exir import to_edge_transform_and_lower
+    except ImportError:
+        raise ExportError("--format executorch needs ExecuTorch: pip install 'zoo-core[executorch]'") from None
+    try:
+        lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()
+    except Exception as exc:  # noqa: BLE001
+        raise ExportError(f"ExecuTorch lowering of {core_kinds(model)} failed: {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:300]}; --format pt2 or onnx may serve") from None
+    path.write_bytes(lowered.buffer)
+    Path(f"{path}.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def onnx_parity(exported: Exported) -> float:
+    """Largest absolute difference between onnxruntime on the exported file and the eager model, on the
+    example inputs (raises ``ExportError`` when onnxruntime is missing)."""
+    import numpy as np
+    import torch
+
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise ExportError("checking an ONNX file needs onnxruntime: pip install 'zoo-core[export]'") from None
+    session = ort.InferenceSession(str(exported.path), providers=["CPUExecutionProvider"])
+    feeds = {name: a.numpy() for name, a in zip(exported.inputs, exported.args, strict=True)}
+    got = session.run(None, feeds)
+    with torch.no_grad():
+        ref = exported.module(*exported.args)
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    return max(float(np.abs(g.astype(np.float64) - r.double().numpy()).max()) if g.size else 0.0
+               for g, r in zip(got, ref, strict=True))
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")  # torch.export.save's pytree notice
+    exported = export_model(args.model, fmt=args.format, mode=args.mode, output=args.output, length=args.length,
+                            static_length=args.static_length)
+    size = exported.path.stat().st_size
+    shape = "" if args.mode == "stream" else (" (dynamic length)" if exported.dynamic_length else f" (length {args.length})")
+    sys.stdout.write(f"{exported.path}: {args.format}, {args.mode}{shape}, {size / 1024:.1f} KiB\n"
+                     f"  inputs  {', '.join(exported.inputs)}\n  outputs {', '.join(exported.outputs)}\n")
+    if args.format == "onnx":
+        try:
+            err = onnx_parity(exported)
+        except ExportError as exc:
+            sys.stdout.write(f"  not checked: {exc}\n")
+        else:
+            sys.stdout.write(f"  onnxruntime vs the eager model: max |diff| {err:.2e}\n")
+    return 0
+
+
+def register_cli(sub: Any) -> None:
+    """Add ``export`` to the ``zoo`` subparsers."""
+    e = sub.add_parser("export", help="export a model to ONNX, a torch.export archive or ExecuTorch (stream: one step)",
+                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    e.add_argument("model", metavar="MODEL",
+                   help="a spec YAML (random weights), a saved folder or a reference: arch.tag, hf-hub:org/name[@rev], local-dir:path")
+    e.add_argument("--format", default="onnx", choices=tuple(FORMATS), help="default onnx")
+    e.add_argument("--mode", default="stream", choices=MODES,
+                   help="stream: one step (x_t, state) -> (y_t, next state), what an edge device runs (default); "
+                        "sequence: the parallel forward")
+    e.add_argument("-o", "--output", help="the file (default <model>-<mode>.<ext>)")
+    e.add_argument("--length", type=int, default=256,
+                   help="--mode sequence: the example length, and the fixed one where the ops allow no dynamic length")
+    e.add_argument("--static-length", action="store_true", help="--mode sequence: export exactly --length steps")
+    e.set_defaults(fn=cmd_export)
