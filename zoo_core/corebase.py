@@ -45,6 +45,7 @@ from .precision import at_compute_precision, compute_dtype
 from .protocols import BoundDiscretizer, OptimHint, State
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 _PATH_ATTR = "__zoo_path__"
 _NOT_ARGS = ("self", "device", "dtype")
 #: the entry points that take the input first: run at the core's compute precision (zoo_core.precision)
@@ -129,6 +130,9 @@ class CoreBase(nn.Module):
         auto_backends: device type -> {op: backend} that ``auto`` and a bare path name pin there
             (a measured preference the generic priorities do not express).
         ssm_params: parameters that get ``ssm_lr`` and no weight decay.
+        real_stream: a core with a complex state whose ``step`` also takes that state's real view
+            (``torch.view_as_real``) and returns the new state in the same form, in real arithmetic
+            (``zoo_core.stream``): what ONNX export of the stream model needs.
     """
 
     params_model: ClassVar[type[CoreParams] | None] = None
@@ -139,6 +143,7 @@ class CoreBase(nn.Module):
     problem: ClassVar[Problem] = Problem()
     auto_backends: ClassVar[Mapping[str, Mapping[str, str]]] = {}
     ssm_params: ClassVar[tuple[str, ...]] = ()
+    real_stream: ClassVar[bool] = False  # a complex state's step also takes and returns its real view (ONNX)
     path_methods: ClassVar[Mapping[str, str]] = {}
 
     # set for every instance by the machinery
@@ -221,6 +226,28 @@ class CoreBase(nn.Module):
     if TYPE_CHECKING:  # every core defines its own (SSMCore); declared for the type checker only, so a core
         # without one still fails the conformance suite's isinstance(core, SSMCore)
         def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State: ...
+
+    def cached(self, name: str, make: Callable[[], T]) -> T:
+        """``make()``, reused while this core's parameters are unchanged (same tensors, same in-place
+        version, dtype and device) and no gradient is asked for; with gradients, always fresh (so
+        backpropagation through ``step`` sees the parameters). What ``step`` uses for its
+        input-independent tensors (a discretised system: ``zoo_core.stream``). While ``torch.export``
+        traces, a value cached before is used as a constant (``zoo_core.export`` fills it first); under
+        ``torch.compile`` it is computed in the graph."""
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+            return make()
+        store = self.__dict__.setdefault("_zoo_cache", {})
+        if torch.compiler.is_exporting() and name in store:
+            return store[name][1]
+        if torch.compiler.is_compiling():  # a compiled graph computes it in place (and fuses it)
+            return make()
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in self.parameters())
+        hit = store.get(name)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        value = make()
+        store[name] = (key, value)
+        return value
 
     def compute_dtype(self) -> torch.dtype:
         """The dtype this core computes in: half-precision input is cast to it (``zoo_core.precision``)."""

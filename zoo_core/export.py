@@ -49,11 +49,15 @@ class StepModule(nn.Module):
         module: a core (``SSMCore``) or a model, anything with ``step(x_t, state) -> (y_t, state)``.
         example_state: a state of ``module`` (its ``init_state(...)``): fixes the names and, for a
             model, the depth a flat state is rebuilt to.
+        real: complex state tensors travel as their real views ``(..., 2)`` (``torch.view_as_real``),
+            which the step of a core with ``real_stream = True`` takes and returns (ONNX has no complex
+            tensors); otherwise as they are.
     """
 
-    def __init__(self, module: nn.Module, example_state: Mapping[str, Tensor] | ModelState) -> None:
+    def __init__(self, module: nn.Module, example_state: Mapping[str, Tensor] | ModelState, *, real: bool = False) -> None:
         super().__init__()
         self.module = module
+        self.real = real
         self.names: tuple[str, ...] = state_names(example_state)
         self.model_depth: int | None = example_state.depth if isinstance(example_state, ModelState) else None
 
@@ -67,7 +71,7 @@ class StepModule(nn.Module):
         flat = flat_state(state)
         if set(flat) != set(self.names):
             raise ValueError(f"state names {sorted(flat)} differ from the exported step's {list(self.names)}")
-        return tuple(flat[k] for k in self.names)
+        return tuple(torch.view_as_real(flat[k]) if self.real and flat[k].is_complex() else flat[k] for k in self.names)
 
     def forward(self, x_t: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
         step: Any = self.module.step  # a core's or a model's: typed by neither nn.Module nor one protocol

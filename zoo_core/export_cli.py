@@ -31,7 +31,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import __version__
 from .errors import SpecError, ZooError
+from .hub.pulling import pull
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +51,7 @@ def load_any(model_ref: str) -> Any:
     """A model from a spec YAML (random init, seed 0), a saved folder or a reference (``arch.tag``,
     ``hf-hub:``, ``local-dir:``, pulled and checked first)."""
     from .build import build_model  # lazy: torch
-    from .factory import load_pretrained
-    from .hub.pulling import pull
+    from .factory import load_pretrained  # lazy: torch
 
     path = Path(model_ref)
     if path.suffix in (".yaml", ".yml") and path.is_file():
@@ -82,7 +83,6 @@ def metadata(model: Any, source: str, fmt: str, mode: str, inputs: list[str], ou
 
     import torch
 
-    from . import __version__
 
     owners = packages_distributions()
     plugins = {dist: _dist_version(dist) for core in model.cores()
@@ -116,19 +116,27 @@ class Exported:
         self.inputs, self.outputs, self.meta, self.dynamic_length = inputs, outputs, meta, dynamic_length
 
 
-def _stream(model: Any, batch: int) -> tuple[Any, tuple[Any, ...], list[str], list[str], Any]:
+def _stream(model: Any, batch: int, real: bool, fmt: str) -> tuple[Any, tuple[Any, ...], list[str], list[str], Any]:
     import torch
     from torch.export import Dim
 
-    from .export import MAX_BATCH, StepModule, _batch_dims
+    from .export import MAX_BATCH, StepModule, _batch_dims  # lazy: torch
 
     non_causal = [type(c).__name__ for c in model.cores() if "step" not in getattr(c, "capabilities", ("step",))]
     if non_causal:
         raise ExportError(f"--mode stream exports one step, and this model's core {', '.join(sorted(set(non_causal)))} has "
                           "none (it is bidirectional: each output reads the whole sequence); export it with --mode sequence")
     state = model.init_state(batch)
-    wrapper = StepModule(model, state)
     x = example_input(model, batch, 1)[:, 0]
+    if real:
+        complex_cores = sorted({type(c).__name__ for c in model.cores() if not getattr(c, "real_stream", False)
+                                and any(t.is_complex() for t in c.init_state(1).values())})
+        if complex_cores:
+            raise ExportError(f"--format {fmt} needs a step in real arithmetic ({fmt} runtimes have no complex tensors), "
+                              f"and {', '.join(complex_cores)} steps a complex state; --format pt2 exports it")
+    with torch.no_grad():
+        model.step(x, state)  # fills the cores' cached constants (CoreBase.cached): constants of the program
+    wrapper = StepModule(model, state, real=real)
     args = (x, *wrapper.flatten(state))
     dims = _batch_dims(args, batch, Dim("batch", min=1, max=MAX_BATCH))
     shapes = (dims[0], tuple(dims[1:]))
@@ -141,7 +149,7 @@ def _stream(model: Any, batch: int) -> tuple[Any, tuple[Any, ...], list[str], li
 def _sequence(model: Any, batch: int, length: int, dynamic_length: bool) -> tuple[Any, tuple[Any, ...], Any]:
     from torch.export import Dim
 
-    from .export import MAX_BATCH, MAX_LENGTH
+    from .export import MAX_BATCH, MAX_LENGTH  # lazy: torch
 
     x = example_input(model, batch, length)
     dims: dict[int, Any] = {0: Dim("batch", min=1, max=MAX_BATCH)}
@@ -168,6 +176,8 @@ def export_model(model_ref: str, *, fmt: str = "onnx", mode: str = "stream", out
         raise SpecError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if mode not in MODES:
         raise SpecError(f"--mode {mode!r}: choose stream (one step, what an edge device runs) or sequence (the parallel forward)")
+    if batch < 2:
+        raise SpecError(f"the example batch must be ≥ 2 (export specialises a batch of 1), got {batch}")
     if length < 2:
         raise SpecError(f"--length must be ≥ 2 (export specialises lengths 0 and 1), got {length}")
     model = model if model is not None else load_any(model_ref)
@@ -175,7 +185,7 @@ def export_model(model_ref: str, *, fmt: str = "onnx", mode: str = "stream", out
     path = Path(output) if output else Path(f"{stem}-{mode}{FORMATS[fmt]}")
     dynamic_length = False
     if mode == "stream":
-        module, args, inputs, outputs, shapes = _stream(model, batch)
+        module, args, inputs, outputs, shapes = _stream(model, batch, real=fmt != "pt2", fmt=fmt)
         program = _export_or_explain(module, args, shapes, model, mode)
     else:
         inputs, outputs = ["x"], ["y"]

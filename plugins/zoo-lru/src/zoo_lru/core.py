@@ -25,6 +25,7 @@ from zoo_core.corebase import CoreBase
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, complex_dtype
+from zoo_core.stream import DiagStream
 
 from .params import LRUParams
 
@@ -46,6 +47,7 @@ def ring_init(N: int, r_min: float, r_max: float, max_phase: float) -> tuple[Ten
 
 
 class LRU(CoreBase, params=LRUParams):
+    real_stream = True  # step takes the state's real view too (zoo_core.stream): ONNX export
     ssm_params = ("nu_log", "theta_log", "gamma_log", "B")  # minimal-LRU's "ssm" optimiser group
     paths = {"recurrent": ("scan",)}
     reference = {"scan": "naive"}
@@ -111,9 +113,14 @@ class LRU(CoreBase, params=LRUParams):
         return y.to(x.dtype), ({"h": segments.at_ends(h)} if with_states else None)
 
     # streaming -------------------------------------------------------------------------
+    def stream(self) -> DiagStream:
+        """λ, γ ⊙ B and C in real arithmetic (cached while the parameters are unchanged)."""
+        return self.cached("stream", lambda: DiagStream.of(
+            self.lam(), self.B * torch.exp(self.gamma_log)[:, None, None], self.C, self.D))  # y = Re(C h) + D x
+
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
-        h = self.lam() * state["h"] + self._Bu(x_t)  # (B, N)
-        y = self._Cx(h) + self.D * x_t  # (B, H)
+        """x_t (B, H); state {"h": (B, N) complex, or its real view (B, N, 2): the exported form}."""
+        y, h = self.stream().step_state(x_t, state["h"])
         return y.to(x_t.dtype), {"h": h}
 
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:

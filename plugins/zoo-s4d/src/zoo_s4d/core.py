@@ -24,6 +24,7 @@ from zoo_core.kernels.systems import DiagSystem
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, complex_dtype
+from zoo_core.stream import DiagStream
 
 from .params import S4DParams
 
@@ -31,6 +32,7 @@ _STATE_CHUNK = 1024  # time steps per block when folding a sequence into the fin
 
 
 class S4D(CoreBase, params=S4DParams):
+    real_stream = True  # step takes the state's real view too (zoo_core.stream): ONNX export
     ssm_params = ("log_dt", "log_A_real", "A_imag", "B")
     paths = {"conv": ("kernel", "conv"), "recurrent": ("scan",)}
     reference = {"scan": "naive"}
@@ -146,10 +148,16 @@ class S4D(CoreBase, params=S4DParams):
         return y.to(x.dtype), h_last
 
     # streaming -------------------------------------------------------------------------
+    def stream(self) -> DiagStream:
+        """The discretised system in real arithmetic (cached while the parameters are unchanged)."""
+        def make() -> DiagStream:
+            d = self._discrete()
+            return DiagStream.of(d.a, d.b, 2 * self._C(), self.D)  # y = 2 Re(C h) + D x
+        return self.cached("stream", make)
+
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
-        d = self._discrete()
-        h = d.a * state["h"] + d.b * x_t[..., None].to(d.b.dtype)  # (B, H, P)
-        y = 2 * (h * self._C()).sum(-1).real + self.D * x_t  # (B, H)
+        """x_t (B, H); state {"h": (B, H, P) complex, or its real view (B, H, P, 2): the exported form}."""
+        y, h = self.stream().step_state(x_t, state["h"])
         return y.to(x_t.dtype), {"h": h}
 
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:

@@ -30,6 +30,7 @@ from zoo_core.init.diag import log_uniform_dt
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, complex_dtype
+from zoo_core.stream import DiagStream
 
 from .init import block_hippo_n, init_B_tilde, init_C_tilde
 from .params import S5BidirectionalParams, S5Params
@@ -50,6 +51,7 @@ def _readout(h: Tensor, C: Tensor) -> Tensor:
 
 class S5(CoreBase, params=S5Params):
     """Causal S5: streams with ``step`` and carries ``{"h": (B, P) complex}`` between chunks."""
+    real_stream = True  # step takes the state's real view too (zoo_core.stream): ONNX export
 
     ssm_params = ("Lambda_re", "Lambda_im", "B", "log_step")
     paths = {"recurrent": ("scan",)}
@@ -142,10 +144,16 @@ class S5(CoreBase, params=S5Params):
         return (y + x * self.D).to(x.dtype), h, h_last
 
     # streaming -------------------------------------------------------------------------
+    def stream(self) -> DiagStream:
+        """The discretised system in real arithmetic (cached while the parameters are unchanged)."""
+        def make() -> DiagStream:
+            a, b = self.discrete()
+            return DiagStream.of(a, b, 2 * torch.view_as_complex(self.C), self.D)  # y = 2 Re(C h) + D x
+        return self.cached("stream", make)
+
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
-        a, b = self.discrete()
-        h = a * state["h"] + _project(x_t, b)  # (B, P)
-        y = _readout(h, torch.view_as_complex(self.C)) + self.D * x_t  # (B, H)
+        """x_t (B, H); state {"h": (B, P) complex, or its real view (B, P, 2): the exported form}."""
+        y, h = self.stream().step_state(x_t, state["h"])
         return y.to(x_t.dtype), {"h": h}
 
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
