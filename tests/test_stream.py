@@ -13,19 +13,21 @@ def _core(kind: str, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("kind", ["s4d", "s5", "lru"])
-def test_real_view_step_equals_the_complex_step(kind):
+def test_real_view_step_equals_the_complex_step_and_the_forward(kind):
     core = _core(kind, torch.float64)
     state = core.init_state(3)
     real = {"h": torch.view_as_real(state["h"]).clone()}
     x = torch.randn(3, 7, 4, dtype=torch.float64)
     with torch.no_grad():
+        y_all, h_last = core.forward_with_state(x)  # the parallel path: independent of zoo_core.stream
         for t in range(7):
             y, state = core.step(x[:, t], state)
             y_r, real = core.step(x[:, t], real)
             assert not real["h"].is_complex() and real["h"].shape == (*state["h"].shape, 2)
+            torch.testing.assert_close(y, y_all[:, t], rtol=1e-9, atol=1e-9)
             torch.testing.assert_close(y_r, y, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(state["h"], h_last["h"], rtol=1e-9, atol=1e-9)
         torch.testing.assert_close(torch.view_as_complex(real["h"]), state["h"], rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(y, core(x)[:, -1], rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("kind", ["s4d", "s5", "lru"])
@@ -41,10 +43,18 @@ def test_cached_constants_follow_parameter_updates_and_gradients(kind):
         assert core.stream() is not first
         y1, _ = core.step(x, state)
     assert not torch.equal(y0, y1)
-    fresh = _core(kind)
-    fresh.load_state_dict(core.state_dict())
+    other = _core(kind)
     with torch.no_grad():
-        torch.testing.assert_close(fresh.step(x, state)[0], y1)
+        core.load_state_dict(other.state_dict())  # copies into the same tensors: their versions move on
+        torch.testing.assert_close(core.step(x, state)[0], other.step(x, state)[0])
+        if "continuous_time" in core.capabilities:
+            before = core.step(x, {"h": torch.randn_like(state["h"])})
+            core.rescale_dt(2.0)  # not a parameter: rescale_dt forgets the cache
+            y2 = torch.randn_like(state["h"])
+            torch.testing.assert_close(core.step(x, {"h": y2})[0], core.forward_with_state(x[:, None], {"h": y2})[0][:, 0])
+            assert before is not None
+    with torch.inference_mode():  # no version counter there: computed afresh, never cached
+        assert core.step(x, state)[0].shape == (2, 4)
     # with gradients the constants are computed in the graph: every parameter the step reads gets one
     y, _ = core.step(x, {"h": torch.randn_like(state["h"])})  # a non-zero state: the decays matter
     y.sum().backward()

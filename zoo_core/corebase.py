@@ -233,21 +233,30 @@ class CoreBase(nn.Module):
         backpropagation through ``step`` sees the parameters). What ``step`` uses for its
         input-independent tensors (a discretised system: ``zoo_core.stream``). While ``torch.export``
         traces, a value cached before is used as a constant (``zoo_core.export`` fills it first); under
-        ``torch.compile`` it is computed in the graph."""
-        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
-            return make()
-        store = self.__dict__.setdefault("_zoo_cache", {})
-        if torch.compiler.is_exporting() and name in store:
-            return store[name][1]
+        ``torch.compile`` and ``torch.inference_mode`` it is computed afresh. A value that depends on
+        more than the parameters (a setting such as ``dt_scale``) is forgotten by ``clear_cache``."""
+        if torch.compiler.is_exporting():  # filled just before export: a constant of the program
+            filled = self.__dict__.get("_zoo_cache", {})
+            return filled[name][1] if name in filled else make()
         if torch.compiler.is_compiling():  # a compiled graph computes it in place (and fuses it)
             return make()
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in self.parameters())
+        store = self.__dict__.setdefault("_zoo_cache", {})
+        params = list(self.parameters())
+        if (torch.is_grad_enabled() and any(p.requires_grad for p in params)) or torch.is_inference_mode_enabled() \
+                or any(p.is_inference() for p in params):
+            return make()  # inference tensors have no version to key on, and cannot be saved for backward later
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
         hit = store.get(name)
         if hit is not None and hit[0] == key:
             return hit[1]
         value = make()
         store[name] = (key, value)
         return value
+
+    def clear_cache(self) -> None:
+        """Forget ``cached`` values: after changing what they depend on other than by an in-place update
+        of a parameter (``rescale_dt`` does it; an edit through ``p.data`` bypasses the version counter)."""
+        self.__dict__.pop("_zoo_cache", None)
 
     def compute_dtype(self) -> torch.dtype:
         """The dtype this core computes in: half-precision input is cast to it (``zoo_core.precision``)."""
@@ -270,3 +279,4 @@ class CoreBase(nn.Module):
         if not (factor > 0 and math.isfinite(factor)):
             raise ValueError(f"dt rescaling factor must be a positive finite number, got {factor}")
         self.dt_scale: float = self.dt_scale * factor
+        self.clear_cache()  # the cached discretised system used the old step sizes

@@ -92,6 +92,9 @@ def export_step(module: nn.Module, x_t: Tensor, state: Mapping[str, Tensor] | Mo
         The exported program (run it as ``program.module()(x_t, *wrapper.flatten(state))``) and the
         ``StepModule`` that names its state inputs and outputs (``wrapper.names``).
     """
+    with torch.no_grad():
+        step: Any = module.step
+        step(x_t, state)  # fills the cores' cached constants (CoreBase.cached) with today's parameters
     wrapper = StepModule(module, state)
     args = (x_t, *wrapper.flatten(state))
     shapes: Any = None

@@ -39,6 +39,7 @@ COMPUTE_PRECISION = "the core's parameter dtype (float32 unless built otherwise)
 
 F = TypeVar("F", bound=Callable[..., Any])
 _WRAPPED = "__zoo_precision__"
+_INPUT_NAMES = ("x", "x_t", "u")  # the input's name where a method is called with keywords
 
 
 def compute_dtype(module: nn.Module) -> torch.dtype:
@@ -70,20 +71,29 @@ def at_compute_precision(fn: F) -> F:
         return fn
 
     @functools.wraps(fn)
-    def wrapper(self: nn.Module, x: Tensor, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        key = next((k for k in _INPUT_NAMES if k in kwargs), None) if not args else None
+        x = args[0] if args else kwargs.get(key) if key else None
         if not isinstance(x, Tensor):
-            return fn(self, x, *args, **kwargs)
+            return fn(self, *args, **kwargs)
         device = x.device.type
         low = x.dtype in HALF
-        if not low and not torch.is_autocast_enabled(device):
-            return fn(self, x, *args, **kwargs)
+        # the meta device (footprint's dry runs) has no autocast: nothing to switch off there
+        autocast = device != "meta" and torch.is_autocast_enabled(device)
+        if not low and not autocast:
+            return fn(self, *args, **kwargs)
         own = getattr(self, "compute_dtype", None)
         compute = own() if callable(own) else compute_dtype(self)
+        off = torch.autocast(device, enabled=False) if device != "meta" else contextlib.nullcontext()
         if low and x.dtype != compute:
-            with torch.autocast(device, enabled=False):
-                return _cast_output(fn(self, x.to(compute), *args, **kwargs), x.dtype)
-        with torch.autocast(device, enabled=False):
-            return fn(self, x, *args, **kwargs)
+            if args:
+                args = (x.to(compute), *args[1:])
+            else:
+                kwargs = {**kwargs, key: x.to(compute)}
+            with off:
+                return _cast_output(fn(self, *args, **kwargs), x.dtype)
+        with off:
+            return fn(self, *args, **kwargs)
 
     setattr(wrapper, _WRAPPED, True)
     return wrapper  # type: ignore[return-value]

@@ -356,7 +356,7 @@ def half_precision_errors(core: Any, x: torch.Tensor, *, with_step: bool) -> dic
         ref_y, ref_s = core.forward_with_state(x)
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
             y, s = core.forward_with_state(x)
-    judge("bfloat16 autocast", y.dtype, y, s, ref_y, ref_s)
+    judge("bfloat16 autocast", x.dtype, y, s, ref_y, ref_s)
     return out
 
 
@@ -382,7 +382,7 @@ def check_half_precision(case: CoreCase) -> None:
     with torch.autocast(x.device.type, dtype=torch.bfloat16):
         y = core(x.requires_grad_(True))
     y.float().square().mean().backward()
-    bad = [n for n, p in core.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    bad = [n for n, p in core.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
     if bad or x.grad is None or not torch.isfinite(x.grad).all():
         raise ConformanceError(f"half precision: a backward pass under bfloat16 autocast gave non-finite gradients "
                                f"({bad or 'the input'})")
