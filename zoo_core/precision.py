@@ -88,7 +88,7 @@ def at_compute_precision(fn: F) -> F:
         if low and x.dtype != compute:
             if args:
                 args = (x.to(compute), *args[1:])
-            else:
+            elif key is not None:
                 kwargs = {**kwargs, key: x.to(compute)}
             with off:
                 return _cast_output(fn(self, *args, **kwargs), x.dtype)
