@@ -19,9 +19,9 @@ from zoo_core.export_cli import ExportError, export_model, onnx_parity
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-# cores whose stream model exports to ONNX today: a real state, or a complex one whose step runs in real
-# arithmetic on its real view (real_stream: S4D, S5, LRU); S4 and LinOSS: see the refusal below
-ONNX_STREAM = ["mamba", "mamba2", "mamba3", "gdn", "rglru", "lrcssm", "s4d", "s5", "lru"]
+# every causal core with a constant-size state: a real state, or a complex one whose step runs in real
+# arithmetic on its real view (real_stream: S4, S4D, S5, LRU, LinOSS; zoo_core.stream)
+ONNX_STREAM = ["mamba", "mamba2", "mamba3", "gdn", "rglru", "lrcssm", "s4", "s4d", "s5", "lru", "linoss"]
 
 
 def _spec(kind: str, depth: int = 2) -> dict:
@@ -102,11 +102,12 @@ def test_cli_exports_and_checks_in_onnxruntime(tmp_path, capsys):
     assert "inputs  x_t, state.input.t" in out and "onnxruntime vs the eager model: max |diff|" in out
 
 
-def test_bad_requests_are_refused_naming_the_core_and_the_option(tmp_path):
+def test_bad_requests_are_refused_naming_the_core_and_the_option(tmp_path, monkeypatch):
     bidir = build_model({**_spec("s5-bidirectional", depth=1)}, seed=0).eval()
     with pytest.raises(ExportError, match=r"S5Bidirectional has none .*--mode sequence"):
         export_model("x", model=bidir, fmt="onnx", mode="stream", output=tmp_path / "b.onnx")
     complex_core = build_model(_spec("linoss", depth=1), seed=0).eval()
+    monkeypatch.setattr(type(next(iter(complex_core.cores()))), "real_stream", False)  # a complex step only
     with pytest.raises(ExportError, match=r"--format onnx needs a step in real arithmetic .*LinOSS steps a complex state; --format pt2"):
         export_model("x", model=complex_core, fmt="onnx", mode="stream", output=tmp_path / "c.onnx")
     with pytest.raises(ExportError, match=r"ONNX export of Mamba \(--mode sequence\) failed: .*zoo\.selective_scan.*--format pt2"):

@@ -1,4 +1,4 @@
-"""zoo_core.stream and CoreBase.cached: the real-arithmetic step of S4D, S5 and LRU from cached constants."""
+"""zoo_core.stream and CoreBase.cached: the real-arithmetic step of S4, S4D, S5, LRU and LinOSS from cached constants."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def _core(kind: str, dtype=torch.float32):
     return get_registry().core(kind).load()(d_model=4, d_state=16, dtype=dtype)
 
 
-@pytest.mark.parametrize("kind", ["s4d", "s5", "lru"])
+@pytest.mark.parametrize("kind", ["s4", "s4d", "s5", "lru", "linoss"])
 def test_real_view_step_equals_the_complex_step_and_the_forward(kind):
     core = _core(kind, torch.float64)
     state = core.init_state(3)
@@ -30,7 +30,7 @@ def test_real_view_step_equals_the_complex_step_and_the_forward(kind):
         torch.testing.assert_close(torch.view_as_complex(real["h"]), state["h"], rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["s4d", "s5", "lru"])
+@pytest.mark.parametrize("kind", ["s4", "s4d", "s5", "lru", "linoss"])
 def test_cached_constants_follow_parameter_updates_and_gradients(kind):
     core = _core(kind)
     x, state = torch.randn(2, 4), core.init_state(2)

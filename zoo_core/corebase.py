@@ -245,7 +245,8 @@ class CoreBase(nn.Module):
         if (torch.is_grad_enabled() and any(p.requires_grad for p in params)) or torch.is_inference_mode_enabled() \
                 or any(p.is_inference() for p in params):
             return make()  # inference tensors have no version to key on, and cannot be saved for backward later
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        # dt_scale, where a core has one, is the setting a cached discretisation depends on beyond its parameters
+        key = (getattr(self, "dt_scale", None), *((p.data_ptr(), p._version, p.dtype, p.device) for p in params))
         hit = store.get(name)
         if hit is not None and hit[0] == key:
             return hit[1]

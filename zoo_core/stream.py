@@ -9,19 +9,44 @@ the step is written in real arithmetic on the state's real view, so the same cod
 step (complex state, viewed as real for free) and the exported stream model (whose state inputs are
 those real views: ``zoo_core.export``).
 
-Shapes: B batch, H channels (d_model), P states.
+Three forms: ``DiagStream`` (S4D, S5, LRU: a diagonal complex update), ``DPLRStream`` (S4: the
+bilinear diagonal-plus-low-rank step) and ``BlockStream`` (LinOSS: real 2×2 oscillator blocks driven
+by a complex input map). Each ``step`` works on the state's real view; ``step_state`` takes the
+complex state or its real view and returns the new state in the same form.
+
+Shapes: B batch, H channels (d_model), P states (M: S4's half state, K = 2: an oscillator's pair).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 
+class _Stream:
+    """``step_state`` over a real-view ``step``: the complex state is viewed as real (free) and back."""
+
+    def step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def step_state(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        """``step`` for a complex state or its real view, returning the new state in the same form."""
+        if h.is_complex():
+            y, new = self.step(x_t, torch.view_as_real(h))
+            return y, torch.view_as_complex(new)
+        return self.step(x_t, h)
+
+
+def _real(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """Complex tensors as their real views (..., 2); real ones as they are."""
+    return tuple(torch.view_as_real(t) if t.is_complex() else t for t in tensors)
+
+
 @dataclass(frozen=True)
-class DiagStream:
+class DiagStream(_Stream):
     """h' = ā ⊙ h + u(x), y = Σ_p Re(c_p h'_p) + d ⊙ x, complex tensors as real views (..., 2).
 
     Attributes:
@@ -43,7 +68,7 @@ class DiagStream:
     @staticmethod
     def of(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> DiagStream:
         """From complex ā, B̄, C (or their real views) and real D; contiguous real views, no grad kept apart."""
-        a, b, c = (torch.view_as_real(t) if t.is_complex() else t for t in (a, b, c))
+        a, b, c = _real(a, b, c)
         return DiagStream(a, b, c, d)
 
     def step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
@@ -63,9 +88,71 @@ class DiagStream:
         y = (cr * nr - ci * ni).sum(-1) if self.per_channel else nr @ cr.T - ni @ ci.T  # (B, H)
         return y + self.d * x, torch.stack((nr, ni), -1)
 
-    def step_state(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
-        """``step`` for a complex state or its real view, returning the new state in the same form."""
-        if h.is_complex():
-            y, new = self.step(x_t, torch.view_as_real(h))
-            return y, torch.view_as_complex(new)
-        return self.step(x_t, h)
+
+@dataclass(frozen=True)
+class DPLRStream(_Stream):
+    """S4's bilinear step on the half state (``zoo_core.kernels.dplr.DPLRStep.step``), real views:
+    x ← (2/Δ + Λ) x − P·2Re(P* x) + 2B u; x ← D (x − P·2Re(R x)); y = 2Re(C x) + d ⊙ u.
+
+    Attributes: ``E``, ``D``, ``P``, ``B2``, ``R``, ``C`` (H, M, 2) as ``StepMatrices``; ``d`` (H,).
+    """
+
+    E: Tensor
+    D: Tensor
+    P: Tensor
+    B2: Tensor
+    R: Tensor
+    C: Tensor
+    d: Tensor
+
+    @staticmethod
+    def of(mats: Any, d: Tensor) -> DPLRStream:
+        """From ``StepMatrices`` (complex) and the skip ``d``."""
+        E, D, P, B2, R, C = _real(mats.E, mats.D, mats.P, mats.B2, mats.R, mats.C)
+        return DPLRStream(E, D, P, B2, R, C, d)
+
+    def step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        """x_t (B, H), h (B, H, M, 2) -> (y (B, H), h' (B, H, M, 2))."""
+        u = x_t.to(self.d.dtype)[..., None]  # (B, H, 1)
+        hr, hi = h.unbind(-1)
+        er, ei = self.E.unbind(-1)
+        pr, pi = self.P.unbind(-1)
+        br, bi = self.B2.unbind(-1)
+        q = 2 * (pr * hr + pi * hi).sum(-1, keepdim=True)  # 2 Re(conj(P) x), (B, H, 1)
+        xr = er * hr - ei * hi - pr * q + br * u
+        xi = er * hi + ei * hr - pi * q + bi * u
+        rr, ri = self.R.unbind(-1)
+        r = 2 * (rr * xr - ri * xi).sum(-1, keepdim=True)  # 2 Re(R x)
+        xr, xi = xr - pr * r, xi - pi * r
+        dr, di = self.D.unbind(-1)
+        nr, ni = dr * xr - di * xi, dr * xi + di * xr
+        cr, ci = self.C.unbind(-1)
+        y = 2 * (cr * nr - ci * ni).sum(-1)  # (B, H)
+        return y + self.d * u[..., 0], torch.stack((nr, ni), -1)
+
+
+@dataclass(frozen=True)
+class BlockStream(_Stream):
+    """LinOSS's step: real 2×2 blocks ``a`` (P, K, K) on each oscillator's pair, a complex input map
+    ``b`` (P, H, K, 2), the readout y = Re(C h[..., 1]) + d ⊙ x with ``c`` (H, P, 2); the state
+    h (B, P, K, 2). Real and imaginary parts evolve apart (``a`` is real)."""
+
+    a: Tensor
+    b: Tensor
+    c: Tensor
+    d: Tensor
+
+    @staticmethod
+    def of(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> BlockStream:
+        b, c = _real(b, c)
+        return BlockStream(a, b, c, d)
+
+    def step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        x = x_t.to(self.d.dtype)
+        hr, hi = h.unbind(-1)  # (B, P, K)
+        br, bi = self.b.unbind(-1)  # (P, H, K)
+        nr = torch.einsum("pij,bpj->bpi", self.a, hr) + torch.einsum("bh,phk->bpk", x, br)
+        ni = torch.einsum("pij,bpj->bpi", self.a, hi) + torch.einsum("bh,phk->bpk", x, bi)
+        cr, ci = self.c.unbind(-1)  # (H, P)
+        y = nr[..., 1] @ cr.T - ni[..., 1] @ ci.T  # (B, H)
+        return y + self.d * x, torch.stack((nr, ni), -1)

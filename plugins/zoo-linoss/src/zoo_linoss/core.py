@@ -29,6 +29,7 @@ from zoo_core.discretize import Discrete
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, complex_dtype
+from zoo_core.stream import BlockStream
 
 from .discretize import UnstableDiscretizationError, check_dt2A
 from .params import DT_MAX_DEFAULT, LinOSSParams
@@ -39,6 +40,7 @@ def _logit(p: float) -> float:
 
 
 class LinOSS(CoreBase, params=LinOSSParams):
+    real_stream = True  # step takes the state's real view too (zoo_core.stream): ONNX export
     ssm_params = ("A_diag", "steps")
     paths = {"recurrent": ("scan",)}
     reference = {"scan": "naive"}
@@ -139,12 +141,20 @@ class LinOSS(CoreBase, params=LinOSSParams):
         return torch.complex(h[..., 0, :, :], h[..., 1, :, :])
 
     # streaming -------------------------------------------------------------------------
+    def stream(self) -> BlockStream:
+        """The discretised oscillators in real arithmetic, cached while the parameters are unchanged."""
+        def make() -> BlockStream:
+            d = self._discrete(torch.view_as_complex(self.B))  # a (P, K, K) real, b (P, H, K) complex
+            return BlockStream.of(d.a.to(d.b.real.dtype), d.b, torch.view_as_complex(self.C), self.D)
+        return self.cached("stream", make)
+
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
-        """One token in complex arithmetic. Does not check the IMEX rule (see ``init_state``)."""
-        d = self._discrete(torch.view_as_complex(self.B))  # a (P, K, K) real, b (P, H, K) complex
-        h = state["h"].to(d.b.dtype)  # (B, P, K)
-        h = torch.einsum("pij,bpj->bpi", d.a.to(h.dtype), h) + torch.einsum("bh,phk->bpk", x_t.to(h.dtype), d.b)
-        y = torch.einsum("bp,hp->bh", h[..., 1], torch.view_as_complex(self.C)).real + self.D * x_t  # (B, H)
+        """One token; state {"h": (B, P, 2) complex, or its real view (B, P, 2, 2): the exported form}.
+        Does not check the IMEX rule (see ``init_state``)."""
+        h = state["h"]
+        if h.is_complex() and h.dtype != complex_dtype(self.D.dtype):
+            h = h.to(complex_dtype(self.D.dtype))
+        y, h = self.stream().step_state(x_t, h)
         return y.to(x_t.dtype), {"h": h}
 
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
@@ -167,6 +177,7 @@ class LinOSS(CoreBase, params=LinOSSParams):
             except UnstableDiscretizationError as exc:
                 raise UnstableDiscretizationError(f"{exc} (dt_scale left at {self.dt_scale:g})") from None
         self.dt_scale *= factor
+        self.clear_cache()  # the cached discretised oscillators used the old Δ
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, d_state={self.d_state}, discretizer={self.discretizer}, "

@@ -25,11 +25,12 @@ from torch import Tensor, nn
 from zoo_core.corebase import CoreBase
 from zoo_core.init.diag import log_uniform_dt
 from zoo_core.init.hippo import dplr_legs
-from zoo_core.kernels.dplr import DPLRStep, StepMatrices, c_from_ctilde, ctilde_from_c
+from zoo_core.kernels.dplr import DPLRStep, c_from_ctilde, ctilde_from_c
 from zoo_core.kernels.systems import DPLRSystem
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import State, complex_dtype
+from zoo_core.stream import DPLRStream
 
 from .params import S4Params
 
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 
 class S4(CoreBase, params=S4Params):
+    real_stream = True  # step takes the state's real view too (zoo_core.stream): ONNX export
     ssm_params = ("log_dt", "log_A_real", "A_imag", "P", "B")
     paths = {"conv": ("kernel", "conv")}
     reference = {"kernel": "naive", "conv": "naive"}
@@ -73,7 +75,6 @@ class S4(CoreBase, params=S4Params):
         self.B = nn.Parameter(torch.view_as_real(b.contiguous()).to(**kw))  # (H, M, 2)
         self.C = nn.Parameter(torch.view_as_real(ct).to(**kw))  # (H, M, 2)  holds C̃
         self.D = nn.Parameter(torch.randn(H, **kw))  # (H,)
-        self._step_cache: tuple[Any, StepMatrices] | None = None
 
     # parameters -> system ----------------------------------------------------------------
     def _trained_system(self) -> DPLRSystem:
@@ -132,18 +133,15 @@ class S4(CoreBase, params=S4Params):
         return y, h
 
     # streaming -------------------------------------------------------------------------
-    def _step_matrices(self) -> StepMatrices:
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():  # traced: the cache's key (tensor versions
-            # and data pointers) is host state a graph cannot hold; the graph recomputes the matrices
-            return DPLRStep.precompute(*self.system(self.l_max))
-        key = (tuple(p._version for p in self.parameters()), tuple(p.data_ptr() for p in self.parameters()), self.dt_scale, self.l_max)
-        if self._step_cache is None or self._step_cache[0] != key:
-            self._step_cache = (key, DPLRStep.precompute(*self.system(self.l_max)))
-        return self._step_cache[1]
+    def stream(self) -> DPLRStream:
+        """The step matrices (C recovered from C̃ by a dense solve) in real arithmetic, cached while the
+        parameters are unchanged (``rescale_dt`` forgets them)."""
+        return self.cached("stream", lambda: DPLRStream.of(DPLRStep.precompute(*self.system(self.l_max)), self.D))
 
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
-        y, h = DPLRStep.step(self._step_matrices(), state["h"], x_t)
-        return y.to(x_t.dtype) + self.D * x_t, {"h": h}
+        """x_t (B, H); state {"h": (B, H, M) complex half state, or its real view (B, H, M, 2): the exported form}."""
+        y, h = self.stream().step_state(x_t, state["h"])
+        return y.to(x_t.dtype), {"h": h}
 
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
         real = dtype or self.D.dtype
