@@ -14,6 +14,7 @@ import torch
 
 from zoo_core.build import build_model
 from zoo_core.datasets import load_uea_bundled
+from zoo_core.export import StepModule
 from zoo_core.export_cli import ExportError, export_model, onnx_parity
 
 ort = pytest.importorskip("onnxruntime")
@@ -110,9 +111,9 @@ def test_bad_requests_are_refused_naming_the_core_and_the_option(tmp_path, monke
     monkeypatch.setattr(type(next(iter(complex_core.cores()))), "real_stream", False)  # a complex step only
     with pytest.raises(ExportError, match=r"--format onnx needs a step in real arithmetic .*LinOSS steps a complex state; --format pt2"):
         export_model("x", model=complex_core, fmt="onnx", mode="stream", output=tmp_path / "c.onnx")
-    with pytest.raises(ExportError, match=r"ONNX export of Mamba \(--mode sequence\) failed: .*zoo\.selective_scan.*--format pt2"):
-        export_model("x", model=build_model(_spec("mamba"), seed=0).eval(), fmt="onnx", mode="sequence",
-                     output=tmp_path / "q.onnx", length=8)
+    with pytest.raises(ExportError, match=r"ONNX export of S5Bidirectional \(--mode sequence\) failed: .*--format pt2.*"
+                                          r"S5Bidirectional is bidirectional"):
+        export_model("x", model=bidir, fmt="onnx", mode="sequence", output=tmp_path / "q.onnx", length=8)
     with pytest.raises(Exception, match="--format 'tflite'"):
         export_model("x", model=complex_core, fmt="tflite")
 
@@ -143,3 +144,35 @@ def test_executorch_stream_runs_in_the_executorch_runtime(kind, motion, tmp_path
             out = [o.clone() for o in method.execute([x[:, t].contiguous(), *flat])]  # outputs live in the method's memory
             y, flat = out[0], out[1:]
             torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", [*ONNX_STREAM, "attention"])
+def test_onnx_sequence_matches_forward_at_any_length(kind, motion, tmp_path):
+    """The parallel forward where every op has an ONNX form (RG-LRU, LrcSSM, attention), else an ONNX Scan
+    over the exported step: either way it equals the zoo's forward at lengths other than the example's."""
+    spec = _spec(kind, depth=1)
+    if kind == "attention":
+        spec["model"]["core"] = {"kind": "attention", "n_heads": 2}
+    model = build_model(spec, seed=0).eval()
+    exported = export_model(kind, model=model, fmt="onnx", mode="sequence", output=tmp_path / "q.onnx", length=16)
+    session = ort.InferenceSession(str(exported.path), providers=["CPUExecutionProvider"])
+    for L in (16, 57):
+        x = motion[:, :L].expand(2, -1, -1).contiguous()
+        got = session.run(None, {"x": x.numpy()})[0]
+        with torch.no_grad():
+            np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-4, atol=1e-5, err_msg=f"{kind} L={L}")
+
+
+def test_onnx_scan_sequence_of_a_token_model_gives_every_steps_output(tmp_path):
+    model = build_model("specs/s4d-lm.yaml", seed=0).eval()
+    exported = export_model("lm", model=model, fmt="onnx", mode="sequence", output=tmp_path / "lm.onnx", length=16)
+    session = ort.InferenceSession(str(exported.path), providers=["CPUExecutionProvider"])
+    x = torch.randint(0, model.spec["input"]["vocab_size"], (3, 40), generator=torch.Generator().manual_seed(0))
+    out = session.run(None, {"x": x.numpy()})
+    with torch.no_grad():
+        y, state = model.forward_with_state(x)
+    np.testing.assert_allclose(out[0], y.numpy(), rtol=1e-4, atol=1e-5)  # (3, 40, V): every step
+    assert [o.name for o in session.get_outputs()] == exported.outputs
+    final = StepModule(model, state, real=True).flatten(state)  # the state after the last step, as exported
+    for name, got, ref in zip(exported.outputs[1:], out[1:], final, strict=True):
+        np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)

@@ -9,7 +9,10 @@ Modes:
               The first state is all zeros (``model.init_state``); a dynamic batch.
     sequence  the parallel forward over ``x`` (B, L, ...): dynamic batch and, where the model's ops
               trace without a loop over time, a dynamic length (else the exported length is fixed to
-              ``--length``, and that is said once).
+              ``--length``, and that is said once). For ONNX, where an op of the parallel forward has
+              no ONNX form (complex arithmetic, the zoo's fused scans), the sequence model is an ONNX
+              ``Scan`` over the exported step instead (said once): input ``x``, outputs ``y`` and
+              ``next.<name>`` (the state after the last step), any length.
 
 Formats:
     pt2         ``torch.export`` archive (``torch.export.load``), every core.
@@ -157,6 +160,11 @@ def _sequence(model: Any, batch: int, length: int, dynamic_length: bool) -> tupl
     return model, (x,), ({**dims},)
 
 
+def _has_step(model: Any) -> bool:
+    """Every core of the model streams (has ``step``): a bidirectional one does not."""
+    return all("step" in getattr(c, "capabilities", ("step",)) for c in model.cores())
+
+
 def _torch_export(module: Any, args: tuple[Any, ...], shapes: Any) -> Any:
     import torch
 
@@ -189,16 +197,19 @@ def export_model(model_ref: str, *, fmt: str = "onnx", mode: str = "stream", out
     else:
         inputs, outputs = ["x"], ["y"]
         program = None
+        scan_instead = False  # ONNX: a Scan over the step takes any length, where the parallel forward takes one
         if not static_length:
             module, args, shapes = _sequence(model, batch, length, True)
             try:
                 program = _torch_export(module, args, shapes)
                 dynamic_length = True
             except Exception as exc:  # noqa: BLE001 - a dynamic length the ops refuse: fall back, said once
-                log.warning("zoo export: %s does not export with a dynamic length (%s: %s); the exported sequence "
-                            "model takes exactly %d steps (--length)", core_kinds(model), type(exc).__name__,
-                            str(exc).splitlines()[0][:200], length)
-        if program is None:
+                scan_instead = fmt == "onnx" and _has_step(model)
+                log.warning("zoo export: %s does not export with a dynamic length (%s: %s); %s", core_kinds(model),
+                            type(exc).__name__, str(exc).splitlines()[0][:200],
+                            "the ONNX sequence model is a Scan over its step (any length)" if scan_instead else
+                            f"the exported sequence model takes exactly {length} steps (--length)")
+        if program is None and not scan_instead:
             module, args, shapes = _sequence(model, batch, length, False)
             program = _export_or_explain(module, args, shapes, model, mode)
     meta = metadata(model, model_ref, fmt, mode, inputs, outputs)
@@ -208,6 +219,27 @@ def export_model(model_ref: str, *, fmt: str = "onnx", mode: str = "stream", out
         import torch
 
         torch.export.save(program, str(path), extra_files={"zoo.json": json.dumps(meta, sort_keys=True)})
+    elif fmt == "onnx" and mode == "sequence":
+        try:
+            if program is None:  # the dynamic-length parallel forward failed: straight to the Scan
+                raise ExportError("the parallel forward has no dynamic length")
+            _save_onnx(program, path, inputs, outputs, meta, model, mode)
+        except ExportError as exc:  # an op without an ONNX translation: the sequence as a Scan over the step
+            if not _has_step(model):
+                stepless = sorted({type(c).__name__ for c in model.cores() if "step" not in getattr(c, "capabilities", ("step",))})
+                raise ExportError(f"{exc}; {', '.join(stepless)} is bidirectional, so no Scan over its step can stand in "
+                                  "for the parallel forward") from None
+            if program is not None:
+                log.warning("zoo export: the parallel forward of %s has no ONNX form (%s); exporting the sequence model "
+                            "as an ONNX Scan over its step instead (the same outputs, one step at a time, any length)",
+                            core_kinds(model), str(exc).split(" failed: ", 1)[-1][:160])
+            module, args, inputs, outputs, shapes = _stream(model, batch, real=True, fmt=fmt)
+            step_proto = _onnx_proto(_torch_export(module, args, shapes), inputs, outputs, model, "stream")
+            _save_scan(step_proto, path, module, model, meta)
+            module, args, inputs, outputs = model, (example_input(model, batch, length),), ["x"], ["y", *outputs[1:]]
+            dynamic_length = True
+            meta["zoo.dynamic_length"] = "true"
+            meta["zoo.outputs"] = json.dumps(outputs)
     elif fmt == "onnx":
         _save_onnx(program, path, inputs, outputs, meta, model, mode)
     else:
@@ -223,8 +255,8 @@ def _export_or_explain(module: Any, args: tuple[Any, ...], shapes: Any, model: A
                           f"{str(exc).splitlines()[0][:300]}") from None
 
 
-def _save_onnx(program: Any, path: Path, inputs: list[str], outputs: list[str], meta: dict[str, str], model: Any,
-               mode: str) -> None:
+def _onnx_program(program: Any, inputs: list[str], outputs: list[str], model: Any, mode: str) -> Any:
+    """``torch.onnx.export`` of a ``torch.export`` program, its failures said as ``ExportError``."""
     import torch
 
     try:
@@ -242,8 +274,85 @@ def _save_onnx(program: Any, path: Path, inputs: list[str], outputs: list[str], 
         raise ExportError(f"ONNX export of {core_kinds(model)} (--mode {mode}) failed: {op.strip()[:300]}. "
                           "An op here has no ONNX translation; --format pt2 (or executorch) exports this model") from None
     assert onnx_program is not None
+    return onnx_program
+
+
+def _onnx_proto(program: Any, inputs: list[str], outputs: list[str], model: Any, mode: str) -> Any:
+    """The ONNX ``ModelProto`` of a ``torch.export`` program."""
+    return _onnx_program(program, inputs, outputs, model, mode).model_proto
+
+
+def _save_onnx(program: Any, path: Path, inputs: list[str], outputs: list[str], meta: dict[str, str], model: Any,
+               mode: str) -> None:
+    onnx_program = _onnx_program(program, inputs, outputs, model, mode)
     onnx_program.model.metadata_props.update(meta)
     onnx_program.save(str(path))
+
+
+def _save_scan(step: Any, path: Path, wrapper: Any, model: Any, meta: dict[str, str]) -> None:
+    """The sequence model as one ONNX ``Scan`` over the exported step: input ``x`` (B, L, ...) scanned
+    along L from the model's initial state; outputs ``y`` (the last step's output for a pooled task, every
+    step's (B, L, O) otherwise) and ``next.<name>``, the state after the last step (to go on streaming)."""
+    import numpy as np
+    import onnx
+    import torch
+    from onnx import helper, numpy_helper
+
+    names = list(wrapper.names)
+    body = onnx.GraphProto()
+    body.CopyFrom(step.graph)
+    body.name = "zoo_step"
+    by_name = {v.name: v for v in step.graph.input}
+    out_by_name = {v.name: v for v in step.graph.output}
+    del body.input[:]
+    body.input.extend([by_name[f"state.{n}"] for n in names] + [by_name["x_t"]])
+    del body.output[:]
+    body.output.extend([out_by_name[f"next.{n}"] for n in names] + [out_by_name["y_t"]])
+    nodes, inits = [], []
+    def with_length(name: str, info: Any) -> Any:
+        """``info``'s type with a "length" dimension inserted after the batch, named ``name``."""
+        out = helper.make_value_info(name, info.type)
+        dims = out.type.tensor_type.shape.dim
+        dims.insert(1, onnx.TensorShapeProto.Dimension(dim_param="length"))
+        return out
+
+    x_info = with_length("x", by_name["x_t"])
+    nodes.append(helper.make_node("Shape", ["x"], ["zoo_x_shape"]))
+    inits.append(numpy_helper.from_array(np.array([0], dtype=np.int64), "zoo_zero"))
+    inits.append(numpy_helper.from_array(np.array([1], dtype=np.int64), "zoo_one"))
+    nodes.append(helper.make_node("Slice", ["zoo_x_shape", "zoo_zero", "zoo_one"], ["zoo_batch"]))
+    with torch.no_grad():
+        start = wrapper.flatten(model.init_state(1))  # the first state of one stream, repeated over the batch
+    initial = []
+    for n, t in zip(names, start, strict=True):
+        row = f"zoo_init.{n}"
+        inits.append(numpy_helper.from_array(t.numpy(), row))
+        if t.dim() == 0:
+            initial.append(row)
+            continue
+        rest = f"zoo_rest.{n}"
+        inits.append(numpy_helper.from_array(np.array(list(t.shape[1:]), dtype=np.int64), rest))
+        nodes.append(helper.make_node("Concat", ["zoo_batch", rest], [f"zoo_shape.{n}"], axis=0))
+        nodes.append(helper.make_node("Expand", [row, f"zoo_shape.{n}"], [f"zoo_state.{n}"]))
+        initial.append(f"zoo_state.{n}")
+    nodes.append(helper.make_node("Scan", [*initial, "x"], [*[f"next.{n}" for n in names], "zoo_ys"], body=body,
+                                  num_scan_inputs=1, scan_input_axes=[1], scan_output_axes=[1]))
+    if model.pool.per_step:
+        nodes.append(helper.make_node("Identity", ["zoo_ys"], ["y"]))
+    else:
+        inits.append(numpy_helper.from_array(np.array(-1, dtype=np.int64), "zoo_last"))
+        nodes.append(helper.make_node("Gather", ["zoo_ys", "zoo_last"], ["y"], axis=1))
+    y_t = out_by_name["y_t"]
+    outputs = [with_length("y", y_t) if model.pool.per_step else helper.make_value_info("y", y_t.type)]
+    outputs += [helper.make_value_info(f"next.{n}", out_by_name[f"next.{n}"].type) for n in names]
+    graph = helper.make_graph(nodes, "zoo_sequence", [x_info], outputs, initializer=inits)
+    outer = helper.make_model(graph, opset_imports=list(step.opset_import), ir_version=step.ir_version)
+    outer.functions.extend(step.functions)
+    for key, value in meta.items():
+        entry = outer.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.checker.check_model(outer)
+    onnx.save(outer, str(path))
 
 
 def _first_line_with(text: str, needle: str) -> str | None:
@@ -288,8 +397,9 @@ def onnx_parity(exported: Exported, steps: int = 3) -> float:
             with torch.no_grad():
                 ref = exported.module(*args)
             ref = ref if isinstance(ref, tuple) else (ref,)
+            # (a Scan sequence model also returns its final state: compared where the eager model gives one)
             worst = max(worst, *(float(np.abs(g.astype(np.float64) - r.double().numpy()).max()) if g.size else 0.0
-                                 for g, r in zip(got, ref, strict=True)))
+                                 for g, r in zip(got[:len(ref)], ref, strict=True)))
             args = (args[0], *ref[1:])  # the next step from the eager model's new state
     except ExportError:
         raise
