@@ -26,8 +26,9 @@ ONNX_STREAM = ["mamba", "mamba2", "mamba3", "gdn", "rglru", "lrcssm", "s4", "s4d
 
 
 def _spec(kind: str, depth: int = 2) -> dict:
+    core = {"kind": kind, "n_heads": 2} if kind == "attention" else {"kind": kind, "preset": "tiny"}
     return {"schema_version": 1, "name": f"{kind}-basicmotions", "task": {"kind": "classification", "classes": 4},
-            "input": {"channels": 6}, "model": {"d_model": 16, "depth": depth, "core": {"kind": kind, "preset": "tiny"}}}
+            "input": {"channels": 6}, "model": {"d_model": 16, "depth": depth, "core": core}}
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def motion() -> torch.Tensor:
     return torch.from_numpy(X[:1, : int(lengths[0])]).float()  # (1, 100, 6): a real recording
 
 
-@pytest.mark.parametrize("kind", ONNX_STREAM)
+@pytest.mark.parametrize("kind", [*ONNX_STREAM, "attention"])  # attention: its KV cache grows by a step each step
 def test_onnx_stream_matches_step_and_forward_on_a_real_sequence(kind, motion, tmp_path):
     model = build_model(_spec(kind), seed=0).eval()
     exported = export_model(kind, model=model, fmt="onnx", mode="stream", output=tmp_path / "m.onnx")
@@ -150,10 +151,7 @@ def test_executorch_stream_runs_in_the_executorch_runtime(kind, motion, tmp_path
 def test_onnx_sequence_matches_forward_at_any_length(kind, motion, tmp_path):
     """The parallel forward where every op has an ONNX form (RG-LRU, LrcSSM, attention), else an ONNX Scan
     over the exported step: either way it equals the zoo's forward at lengths other than the example's."""
-    spec = _spec(kind, depth=1)
-    if kind == "attention":
-        spec["model"]["core"] = {"kind": "attention", "n_heads": 2}
-    model = build_model(spec, seed=0).eval()
+    model = build_model(_spec(kind, depth=1), seed=0).eval()
     exported = export_model(kind, model=model, fmt="onnx", mode="sequence", output=tmp_path / "q.onnx", length=16)
     session = ort.InferenceSession(str(exported.path), providers=["CPUExecutionProvider"])
     for L in (16, 57):

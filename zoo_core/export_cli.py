@@ -123,25 +123,34 @@ def _stream(model: Any, batch: int, real: bool, fmt: str) -> tuple[Any, tuple[An
     import torch
     from torch.export import Dim
 
-    from .export import MAX_BATCH, StepModule, _batch_dims  # lazy: torch
+    from .export import MAX_BATCH, MAX_LENGTH, StepModule, _batch_dims  # lazy: torch
 
     non_causal = [type(c).__name__ for c in model.cores() if "step" not in getattr(c, "capabilities", ("step",))]
     if non_causal:
         raise ExportError(f"--mode stream exports one step, and this model's core {', '.join(sorted(set(non_causal)))} has "
                           "none (it is bidirectional: each output reads the whole sequence); export it with --mode sequence")
     state = model.init_state(batch)
-    x = example_input(model, batch, 1)[:, 0]
+    x = example_input(model, batch, 1)[:, 0].clone()  # not a view: export would guard on its base
     if real:
         complex_cores = sorted({type(c).__name__ for c in model.cores() if not getattr(c, "real_stream", False)
                                 and any(t.is_complex() for t in c.init_state(1).values())})
         if complex_cores:
             raise ExportError(f"--format {fmt} needs a step in real arithmetic ({fmt} runtimes have no complex tensors), "
                               f"and {', '.join(complex_cores)} steps a complex state; --format pt2 exports it")
-    with torch.no_grad():
-        model.step(x, state)  # fills the cores' cached constants (CoreBase.cached): constants of the program
+    with torch.no_grad():  # also fills the cores' cached constants (CoreBase.cached): constants of the program
+        _, second = model.step(x, model.step(x, state)[1])
+        _, third = model.step(x, second)
     wrapper = StepModule(model, state, real=real)
-    args = (x, *wrapper.flatten(state))
+    # the example is the state after two steps: a growing state (attention's KV cache) is then 2 long, not
+    # 0 (which export would fix as a constant); the dimensions that grow by the third step are dynamic
+    flat, after = wrapper.flatten(second), wrapper.flatten(third)
+    args = (x, *(t.clone() for t in flat))  # not views: export would guard on their bases
     dims = _batch_dims(args, batch, Dim("batch", min=1, max=MAX_BATCH))
+    steps = Dim("steps", min=0, max=MAX_LENGTH)
+    for i, (a, b) in enumerate(zip(flat, after, strict=True), start=1):
+        grown = [d for d in range(a.dim()) if a.shape[d] != b.shape[d]]
+        if grown:
+            dims[i] = {**(dims[i] or {}), **{d: steps for d in grown}}
     shapes = (dims[0], tuple(dims[1:]))
     inputs = ["x_t", *[f"state.{n}" for n in wrapper.names]]
     outputs = ["y_t", *[f"next.{n}" for n in wrapper.names]]
