@@ -174,3 +174,25 @@ def test_onnx_scan_sequence_of_a_token_model_gives_every_steps_output(tmp_path):
     final = StepModule(model, state, real=True).flatten(state)  # the state after the last step, as exported
     for name, got, ref in zip(exported.outputs[1:], out[1:], final, strict=True):
         np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_int8_is_asked_for_named_in_the_file_and_stays_close(motion, tmp_path):
+    import onnx
+
+    model = build_model(_spec("s4d"), seed=0).eval()
+    full = export_model("s4d", model=model, fmt="onnx", output=tmp_path / "f.onnx")
+    small = export_model("s4d", model=model, fmt="onnx", output=tmp_path / "q.onnx", quantize="int8")
+    proto = onnx.load(str(small.path))
+    assert "int8" in {p.key: p.value for p in proto.metadata_props}["zoo.quantization"]
+    assert any(i.data_type == onnx.TensorProto.INT8 for i in proto.graph.initializer)
+    assert "zoo.quantization" not in {p.key for p in onnx.load(str(full.path)).metadata_props}  # never by default
+    runs = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (full.path, small.path)]
+    flat = [[t.numpy() for t in full.module.flatten(model.init_state(1))] for _ in runs]
+    for t in range(40):
+        outs = [r.run(None, {"x_t": motion[:, t].numpy(), **{f"state.{n}": v for n, v in zip(full.module.names, f, strict=True)}})
+                for r, f in zip(runs, flat, strict=True)]
+        flat = [o[1:] for o in outs]
+    ref, got = outs[0][0], outs[1][0]
+    assert 0 < np.abs(got - ref).max() <= 0.1 * np.abs(ref).max()  # changed, but not beyond use
+    with pytest.raises(Exception, match="--quantize int8 is for --format onnx"):
+        export_model("s4d", model=model, fmt="pt2", quantize="int8")

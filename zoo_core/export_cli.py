@@ -182,12 +182,20 @@ def _torch_export(module: Any, args: tuple[Any, ...], shapes: Any) -> Any:
 
 
 def export_model(model_ref: str, *, fmt: str = "onnx", mode: str = "stream", output: str | Path | None = None,
-                 length: int = 256, static_length: bool = False, batch: int = 2, model: Any = None) -> Exported:
+                 length: int = 256, static_length: bool = False, batch: int = 2, model: Any = None,
+                 quantize: str | None = None) -> Exported:
     """Export ``model_ref`` (or an already loaded ``model``) to ``output`` (default ``<model>-<mode><ext>``).
 
     ``length`` is the example (and, where the length cannot be dynamic, the fixed) sequence length of
-    ``--mode sequence``; ``batch`` the example batch (the exported batch is dynamic).
+    ``--mode sequence``; ``batch`` the example batch (the exported batch is dynamic). ``quantize="int8"``
+    (ONNX only) stores the weights of the matrix products in int8, dequantised on the fly by
+    onnxruntime (dynamic quantization); never applied unless asked, and ``benchmarks/export_int8.py``
+    reports what it costs in accuracy.
     """
+    if quantize not in (None, "int8"):
+        raise SpecError(f"--quantize {quantize!r}: the one quantization offered is int8 (dynamic, ONNX)")
+    if quantize and fmt != "onnx":
+        raise SpecError(f"--quantize int8 is for --format onnx (onnxruntime's dynamic quantization), not {fmt}")
     if fmt not in FORMATS:
         raise SpecError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if mode not in MODES:
@@ -253,6 +261,8 @@ def export_model(model_ref: str, *, fmt: str = "onnx", mode: str = "stream", out
         _save_onnx(program, path, inputs, outputs, meta, model, mode)
     else:
         _save_executorch(program, path, meta, model)
+    if quantize:
+        _quantize_int8(path, meta)
     return Exported(path, program, module, args, inputs, outputs, meta, dynamic_length)
 
 
@@ -364,6 +374,31 @@ def _save_scan(step: Any, path: Path, wrapper: Any, model: Any, meta: dict[str, 
     onnx.save(outer, str(path))
 
 
+def _quantize_int8(path: Path, meta: dict[str, str]) -> None:
+    """The ONNX file at ``path`` with its MatMul/Gemm weights in int8 (onnxruntime's ``quantize_dynamic``:
+    activations quantised per call), the metadata kept and the quantization named in it."""
+    import onnx
+
+    try:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError:
+        raise ExportError("--quantize int8 needs onnxruntime: pip install 'zoo-core[export]'") from None
+    full = path.with_name(path.name + ".float32")
+    path.replace(full)
+    try:
+        quantize_dynamic(str(full), str(path), weight_type=QuantType.QInt8)
+    finally:
+        full.unlink(missing_ok=True)
+    quantized = onnx.load(str(path))
+    props = {p.key: p.value for p in quantized.metadata_props}
+    props.update(meta, **{"zoo.quantization": "int8 dynamic (onnxruntime quantize_dynamic: MatMul/Gemm weights)"})
+    del quantized.metadata_props[:]
+    for key, value in props.items():
+        entry = quantized.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(quantized, str(path))
+
+
 def _first_line_with(text: str, needle: str) -> str | None:
     for line in text.splitlines():
         if needle in line:
@@ -425,12 +460,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")  # torch.export.save's pytree notice
     exported = export_model(args.model, fmt=args.format, mode=args.mode, output=args.output, length=args.length,
-                            static_length=args.static_length)
+                            static_length=args.static_length, quantize=args.quantize)
     size = exported.path.stat().st_size
     shape = "" if args.mode == "stream" else (" (dynamic length)" if exported.dynamic_length else f" (length {args.length})")
     sys.stdout.write(f"{exported.path}: {args.format}, {args.mode}{shape}, {size / 1024:.1f} KiB\n"
                      f"  inputs  {', '.join(exported.inputs)}\n  outputs {', '.join(exported.outputs)}\n")
-    if args.format == "onnx":
+    if args.format == "onnx" and args.quantize:
+        sys.stdout.write("  int8: not checked against the eager model here (quantization changes the numbers by design); "
+                         "python -m benchmarks.export_int8 measures the accuracy it costs\n")
+    elif args.format == "onnx":
         try:
             err = onnx_parity(exported)
         except ExportError as exc:
@@ -459,4 +497,7 @@ def register_cli(sub: Any) -> None:
     e.add_argument("--length", type=int, default=256,
                    help="--mode sequence: the example length, and the fixed one where the ops allow no dynamic length")
     e.add_argument("--static-length", action="store_true", help="--mode sequence: export exactly --length steps")
+    e.add_argument("--quantize", choices=("int8",),
+                   help="--format onnx: int8 weights for the matrix products (dynamic quantization); changes accuracy, "
+                        "measured by python -m benchmarks.export_int8")
     e.set_defaults(fn=cmd_export)

@@ -204,6 +204,35 @@ def adaptive_metrics(model: Any, data: dict[str, torch.Tensor], task: str, batch
     return out
 
 
+def model_split(model_dir: Path, *, dataset: str | None = None, split: str = "test", protocol: str | None = None,
+                seed: int | None = None, device: str = "auto", allow_overlap: bool = False
+                ) -> tuple[Any, Dataset, dict[str, torch.Tensor], str, int, dict[str, Any] | None]:
+    """A saved model folder, loaded, with the split it is scored on (the protocol, seed and normalisation
+    of its run or spec unless given): ``(model, dataset, data, protocol, seed, overlap)``, ``data`` the
+    split's tensors (``X``, ``y``, ``lengths``) on ``device``. Refuses a split that overlaps its training
+    (``check_overlap``) unless ``allow_overlap``."""
+    ctx = run_context(model_dir)
+    model = load_pretrained(model_dir)
+    envelope = load_spec(model.spec).envelope
+    stored = envelope.training
+    name = dataset or ctx.get("dataset") or (stored.dataset if stored else None)
+    if name is None:
+        raise SpecError(f"{model_dir}: which dataset? pass --dataset (zoo list --kind datasets)")
+    ds = get_dataset(name)
+    ds.check_available()
+    ds.check_spec(envelope, where=str(model_dir))
+    protocol = protocol or ctx.get("protocol") or (stored.protocol if stored else "official")
+    seed = seed if seed is not None else ctx.get("seed", stored.seed_list()[0] if stored else 0)
+    val_fraction = ctx.get("val_fraction", stored.val_fraction if stored else 0.15 / 0.85)
+    overlap = check_overlap(ds, str(model_dir), split, {"protocol": protocol, "seed": seed, "val_fraction": val_fraction},
+                            trained_split(ctx, stored), allow_overlap)
+    splits = make_splits(ds, protocol=protocol, seed=seed, normalize=ctx.get("normalize", stored.normalize if stored else "none"),
+                         val_fraction=val_fraction)
+    dev = pick_device(device)
+    model.to(dev)
+    return model, ds, to_tensors(getattr(splits, split), dev), protocol, seed, overlap
+
+
 def evaluate_model(
     model_dir: str | Path,
     *,
@@ -234,25 +263,8 @@ def evaluate_model(
     model_dir = resolve_folder(model_dir).path  # a folder (recovered if a save was killed mid-swap) or a reference
     model_dir = Path(model_dir)
     ctx = run_context(model_dir)
-    model = load_pretrained(model_dir)
-    envelope = load_spec(model.spec).envelope
-    stored = envelope.training
-    name = dataset or ctx.get("dataset") or (stored.dataset if stored else None)
-    if name is None:
-        raise SpecError(f"{model_dir}: which dataset? pass --dataset (zoo list --kind datasets)")
-    ds = get_dataset(name)
-    ds.check_available()
-    ds.check_spec(envelope, where=str(model_dir))
-    protocol = protocol or ctx.get("protocol") or (stored.protocol if stored else "official")
-    seed = seed if seed is not None else ctx.get("seed", stored.seed_list()[0] if stored else 0)
-    val_fraction = ctx.get("val_fraction", stored.val_fraction if stored else 0.15 / 0.85)
-    overlap = check_overlap(ds, str(model_dir), split, {"protocol": protocol, "seed": seed, "val_fraction": val_fraction},
-                            trained_split(ctx, stored), allow_overlap)
-    splits = make_splits(ds, protocol=protocol, seed=seed, normalize=ctx.get("normalize", stored.normalize if stored else "none"),
-                         val_fraction=val_fraction)
-    dev = pick_device(device)
-    model.to(dev)
-    data = to_tensors(getattr(splits, split), dev)
+    model, ds, data, protocol, seed, overlap = model_split(model_dir, dataset=dataset, split=split, protocol=protocol,
+                                                           seed=seed, device=device, allow_overlap=allow_overlap)
     metrics: dict[str, Any] = {"model": str(model_dir), "dataset": ds.info.name, "split": split, "protocol": protocol, "seed": seed,
                                "sequences": int(data["X"].shape[0]), "fixed_depth": evaluate(model, data, ds.info.task, batch_size)}
     if overlap is not None:
