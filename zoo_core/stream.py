@@ -47,46 +47,48 @@ def _real(*tensors: Tensor) -> tuple[Tensor, ...]:
 
 @dataclass(frozen=True)
 class DiagStream(_Stream):
-    """h' = ā ⊙ h + u(x), y = Σ_p Re(c_p h'_p) + d ⊙ x, complex tensors as real views (..., 2).
+    """h' = ā ⊙ h + u(x), y = Σ_p Re(c_p h'_p) + d ⊙ x on the state's real view (..., P, 2), in few ops:
+    ā ⊙ h is ``same ⊙ h + swap ⊙ flip(h)`` with same = (Re ā, Re ā), swap = (−Im ā, Im ā), and the
+    readout one product with signed = (Re c, −Im c). Built by ``of`` from complex ā, B̄, C.
 
     Attributes:
-        a: the decays ā, (P, 2) (shared across channels: S5, LRU) or (H, P, 2) (per channel: S4D).
-        b: the input map: per channel (H, P, 2), u = b ⊙ x[..., None]; else dense (P, H, 2), u = x @ bᵀ.
-        c: the readout (H, P, 2): y_h = Σ_p (c_re h_re − c_im h_im).
+        same, swap: (P, 2) (decays shared across channels: S5, LRU) or (H, P, 2) (per channel: S4D).
+        b: per channel (H, P, 2), u = b ⊙ x; else (H, 2P), u = x @ b viewed as (B, P, 2).
+        c: per channel (H, P, 2) signed; else (2P, H), y = h'.flatten(-2) @ c.
         d: the skip (H,).
     """
 
-    a: Tensor
+    same: Tensor
+    swap: Tensor
     b: Tensor
     c: Tensor
     d: Tensor
 
     @property
     def per_channel(self) -> bool:
-        return self.a.dim() == 3
+        return self.same.dim() == 3
 
     @staticmethod
     def of(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> DiagStream:
-        """From complex ā, B̄, C (or their real views) and real D; contiguous real views, no grad kept apart."""
+        """From ā ((P,) or (H, P)), B̄ ((H, P) per channel, else (P, H)), C (H, P), complex or real views,
+        and real D (H,)."""
         a, b, c = _real(a, b, c)
-        return DiagStream(a, b, c, d)
+        same = torch.stack((a[..., 0], a[..., 0]), -1)
+        swap = torch.stack((-a[..., 1], a[..., 1]), -1)
+        signed = torch.stack((c[..., 0], -c[..., 1]), -1)  # (H, P, 2)
+        if a.dim() == 3:
+            return DiagStream(same, swap, b, signed, d)
+        H = b.shape[1]
+        return DiagStream(same, swap, b.transpose(0, 1).reshape(H, -1), signed.reshape(H, -1).T.contiguous(), d)
 
     def step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         """x_t (B, H) real, h the state's real view ((B, H, P, 2) per channel, else (B, P, 2)) ->
         (y (B, H) in the constants' dtype, h' in h's layout)."""
         x = x_t.to(self.d.dtype)
-        ar, ai = self.a.unbind(-1)
-        br, bi = self.b.unbind(-1)
-        hr, hi = h.unbind(-1)
-        if self.per_channel:
-            ur, ui = br * x[..., None], bi * x[..., None]  # (B, H, P)
-        else:
-            ur, ui = x @ br.T, x @ bi.T  # (B, P)
-        nr = ar * hr - ai * hi + ur
-        ni = ar * hi + ai * hr + ui
-        cr, ci = self.c.unbind(-1)
-        y = (cr * nr - ci * ni).sum(-1) if self.per_channel else nr @ cr.T - ni @ ci.T  # (B, H)
-        return y + self.d * x, torch.stack((nr, ni), -1)
+        u = self.b * x[..., None, None] if self.per_channel else (x @ self.b).view(h.shape)
+        new = self.same * h + self.swap * h.flip(-1) + u
+        y = (self.c * new).sum((-2, -1)) if self.per_channel else new.flatten(-2) @ self.c
+        return y + self.d * x, new
 
 
 @dataclass(frozen=True)
