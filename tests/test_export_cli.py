@@ -115,6 +115,12 @@ def test_bad_requests_are_refused_naming_the_core_and_the_option(tmp_path, monke
     with pytest.raises(ExportError, match=r"ONNX export of S5Bidirectional \(--mode sequence\) failed: .*--format pt2.*"
                                           r"S5Bidirectional is bidirectional"):
         export_model("x", model=bidir, fmt="onnx", mode="sequence", output=tmp_path / "q.onnx", length=8)
+    mamba = build_model(_spec("mamba", depth=1), seed=0).eval()
+    with pytest.raises(ExportError, match="with --static-length no Scan over the step stands in"):
+        export_model("x", model=mamba, fmt="onnx", mode="sequence", output=tmp_path / "s.onnx", length=8, static_length=True)
+    hybrid = build_model("specs/jamba-jv.yaml", seed=0).eval()  # Mamba and attention: the KV cache grows
+    with pytest.raises(ExportError, match=r"grows each step \(attention's KV cache\)"):
+        export_model("x", model=hybrid, fmt="onnx", mode="sequence", output=tmp_path / "h.onnx", length=8)
     with pytest.raises(Exception, match="--format 'tflite'"):
         export_model("x", model=complex_core, fmt="tflite")
 
@@ -149,10 +155,13 @@ def test_executorch_stream_runs_in_the_executorch_runtime(kind, motion, tmp_path
 
 @pytest.mark.parametrize("kind", [*ONNX_STREAM, "attention"])
 def test_onnx_sequence_matches_forward_at_any_length(kind, motion, tmp_path):
-    """The parallel forward where every op has an ONNX form (RG-LRU, LrcSSM, attention), else an ONNX Scan
-    over the exported step: either way it equals the zoo's forward at lengths other than the example's."""
+    """The parallel forward where every op has an ONNX form and the length can be dynamic (attention), else
+    an ONNX Scan over the exported step (every other core: complex arithmetic, the zoo's fused scans, or,
+    for RG-LRU and LrcSSM, a length export fixes): either way it equals the zoo's forward at lengths other
+    than the example's."""
     model = build_model(_spec(kind, depth=1), seed=0).eval()
     exported = export_model(kind, model=model, fmt="onnx", mode="sequence", output=tmp_path / "q.onnx", length=16)
+    assert exported.scan == (kind != "attention") and exported.dynamic_length
     session = ort.InferenceSession(str(exported.path), providers=["CPUExecutionProvider"])
     for L in (16, 57):
         x = motion[:, :L].expand(2, -1, -1).contiguous()

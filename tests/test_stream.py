@@ -48,11 +48,14 @@ def test_cached_constants_follow_parameter_updates_and_gradients(kind):
         core.load_state_dict(other.state_dict())  # copies into the same tensors: their versions move on
         torch.testing.assert_close(core.step(x, state)[0], other.step(x, state)[0])
         if "continuous_time" in core.capabilities:
-            before = core.step(x, {"h": torch.randn_like(state["h"])})
+            h = {"h": torch.randn_like(state["h"])}
             core.rescale_dt(2.0)  # not a parameter: rescale_dt forgets the cache
-            y2 = torch.randn_like(state["h"])
-            torch.testing.assert_close(core.step(x, {"h": y2})[0], core.forward_with_state(x[:, None], {"h": y2})[0][:, 0])
-            assert before is not None
+            torch.testing.assert_close(core.step(x, h)[0], core.forward_with_state(x[:, None], h)[0][:, 0])
+            before = core.step(x, h)[0]
+            core.dt_scale = core.dt_scale * 1.5  # set directly (as rescale_sampling_rate restores it): in the key
+            after = core.step(x, h)[0]
+            assert not torch.equal(before, after)
+            torch.testing.assert_close(after, core.forward_with_state(x[:, None], h)[0][:, 0])
     with torch.inference_mode():  # no version counter there: computed afresh, never cached
         assert core.step(x, state)[0].shape == (2, 4)
     # with gradients the constants are computed in the graph: every parameter the step reads gets one

@@ -60,6 +60,7 @@ class StepModule(nn.Module):
         self.real = real
         self.names: tuple[str, ...] = state_names(example_state)
         self.model_depth: int | None = example_state.depth if isinstance(example_state, ModelState) else None
+        self.growing: list[str] = []  # state names whose size grows each step (set by zoo export: a KV cache)
 
     def unflatten(self, tensors: Sequence[Tensor]) -> dict[str, Tensor] | ModelState:
         """The ``step`` state from flat tensors in ``names`` order."""

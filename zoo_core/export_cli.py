@@ -111,12 +111,14 @@ def _dist_version(dist: str) -> str:
 
 
 class Exported:
-    """What ``export_model`` made: the file, the program it came from, its inputs and what they are called."""
+    """What ``export_model`` made: the file, the program it came from (for an ONNX Scan sequence model,
+    ``scan``, the step program the Scan repeats), the example inputs and what inputs and outputs are called."""
 
     def __init__(self, path: Path, program: Any, module: Any, args: tuple[Any, ...], inputs: list[str],
-                 outputs: list[str], meta: dict[str, str], dynamic_length: bool) -> None:
+                 outputs: list[str], meta: dict[str, str], dynamic_length: bool, scan: bool = False) -> None:
         self.path, self.program, self.module, self.args = path, program, module, args
         self.inputs, self.outputs, self.meta, self.dynamic_length = inputs, outputs, meta, dynamic_length
+        self.scan = scan
 
 
 def _stream(model: Any, batch: int, real: bool, fmt: str) -> tuple[Any, tuple[Any, ...], list[str], list[str], Any]:
@@ -147,10 +149,12 @@ def _stream(model: Any, batch: int, real: bool, fmt: str) -> tuple[Any, tuple[An
     args = (x, *(t.clone() for t in flat))  # not views: export would guard on their bases
     dims = _batch_dims(args, batch, Dim("batch", min=1, max=MAX_BATCH))
     steps = Dim("steps", min=0, max=MAX_LENGTH)
+    wrapper.growing = []
     for i, (a, b) in enumerate(zip(flat, after, strict=True), start=1):
         grown = [d for d in range(a.dim()) if a.shape[d] != b.shape[d]]
         if grown:
             dims[i] = {**(dims[i] or {}), **{d: steps for d in grown}}
+            wrapper.growing.append(wrapper.names[i - 1])
     shapes = (dims[0], tuple(dims[1:]))
     inputs = ["x_t", *[f"state.{n}" for n in wrapper.names]]
     outputs = ["y_t", *[f"next.{n}" for n in wrapper.names]]
@@ -207,7 +211,7 @@ def export_model(model_ref: str, *, fmt: str = "onnx", mode: str = "stream", out
     model = model if model is not None else load_any(model_ref)
     stem = Path(model_ref.rstrip("/")).name.removesuffix(".yaml").removesuffix(".yml").replace(":", "-") or "model"
     path = Path(output) if output else Path(f"{stem}-{mode}{FORMATS[fmt]}")
-    dynamic_length = False
+    dynamic_length, scan = False, False
     if mode == "stream":
         module, args, inputs, outputs, shapes = _stream(model, batch, real=fmt != "pt2", fmt=fmt)
         program = _export_or_explain(module, args, shapes, model, mode)
@@ -246,16 +250,24 @@ def export_model(model_ref: str, *, fmt: str = "onnx", mode: str = "stream", out
                 stepless = sorted({type(c).__name__ for c in model.cores() if "step" not in getattr(c, "capabilities", ("step",))})
                 raise ExportError(f"{exc}; {', '.join(stepless)} is bidirectional, so no Scan over its step can stand in "
                                   "for the parallel forward") from None
+            if static_length:
+                raise ExportError(f"{exc}; with --static-length no Scan over the step stands in (it would take any "
+                                  "length): leave --static-length out, or use --format pt2") from None
             if program is not None:
                 log.warning("zoo export: the parallel forward of %s has no ONNX form (%s); exporting the sequence model "
                             "as an ONNX Scan over its step instead (the same outputs, one step at a time, any length)",
                             core_kinds(model), str(exc).split(" failed: ", 1)[-1][:160])
             module, args, inputs, outputs, shapes = _stream(model, batch, real=True, fmt=fmt)
-            step_proto = _onnx_proto(_torch_export(module, args, shapes), inputs, outputs, model, "stream")
-            _save_scan(step_proto, path, module, model, meta)
+            if module.growing:
+                raise ExportError(f"{exc}; and an ONNX Scan over the step cannot stand in: the state "
+                                  f"{', '.join(module.growing)} grows each step (attention's KV cache), and a Scan "
+                                  "carries fixed shapes. --mode stream exports it, or --format pt2") from None
+            program = _torch_export(module, args, shapes)  # the step program the Scan repeats
+            _save_scan(_onnx_proto(program, inputs, outputs, model, "stream"), path, module, model, meta)
             module, args, inputs, outputs = model, (example_input(model, batch, length),), ["x"], ["y", *outputs[1:]]
-            dynamic_length = True
+            dynamic_length, scan = True, True
             meta["zoo.dynamic_length"] = "true"
+            meta["zoo.sequence"] = "scan over the step"
             meta["zoo.outputs"] = json.dumps(outputs)
     elif fmt == "onnx":
         _save_onnx(program, path, inputs, outputs, meta, model, mode)
@@ -263,7 +275,7 @@ def export_model(model_ref: str, *, fmt: str = "onnx", mode: str = "stream", out
         _save_executorch(program, path, meta, model)
     if quantize:
         _quantize_int8(path, meta)
-    return Exported(path, program, module, args, inputs, outputs, meta, dynamic_length)
+    return Exported(path, program, module, args, inputs, outputs, meta, dynamic_length, scan)
 
 
 def _export_or_explain(module: Any, args: tuple[Any, ...], shapes: Any, model: Any, mode: str) -> Any:
@@ -342,11 +354,12 @@ def _save_scan(step: Any, path: Path, wrapper: Any, model: Any, meta: dict[str, 
     nodes.append(helper.make_node("Slice", ["zoo_x_shape", "zoo_zero", "zoo_one"], ["zoo_batch"]))
     with torch.no_grad():
         start = wrapper.flatten(model.init_state(1))  # the first state of one stream, repeated over the batch
+        twice = wrapper.flatten(model.init_state(2))  # which tensors have a batch dimension (dim 0 follows it)
     initial = []
-    for n, t in zip(names, start, strict=True):
+    for n, t, t2 in zip(names, start, twice, strict=True):
         row = f"zoo_init.{n}"
         inits.append(numpy_helper.from_array(t.numpy(), row))
-        if t.dim() == 0:
+        if t.dim() == 0 or t.shape[0] == t2.shape[0]:  # no batch dimension: the same tensor for every batch
             initial.append(row)
             continue
         rest = f"zoo_rest.{n}"
