@@ -127,9 +127,9 @@ def _stream(model: Any, batch: int, real: bool, fmt: str) -> tuple[Any, tuple[An
 
     from .export import MAX_BATCH, MAX_LENGTH, StepModule, _batch_dims  # lazy: torch
 
-    non_causal = [type(c).__name__ for c in model.cores() if "step" not in getattr(c, "capabilities", ("step",))]
-    if non_causal:
-        raise ExportError(f"--mode stream exports one step, and this model's core {', '.join(sorted(set(non_causal)))} has "
+    stepless = _stepless(model)
+    if stepless:
+        raise ExportError(f"--mode stream exports one step, and this model's core {', '.join(stepless)} has "
                           "none (it is bidirectional: each output reads the whole sequence); export it with --mode sequence")
     state = model.init_state(batch)
     x = example_input(model, batch, 1)[:, 0].clone()  # not a view: export would guard on its base
@@ -173,9 +173,9 @@ def _sequence(model: Any, batch: int, length: int, dynamic_length: bool) -> tupl
     return model, (x,), ({**dims},)
 
 
-def _has_step(model: Any) -> bool:
-    """Every core of the model streams (has ``step``): a bidirectional one does not."""
-    return all("step" in getattr(c, "capabilities", ("step",)) for c in model.cores())
+def _stepless(model: Any) -> list[str]:
+    """The model's cores that do not stream (no ``step`` capability: the bidirectional ones), by class name."""
+    return sorted({type(c).__name__ for c in model.cores() if "step" not in getattr(c, "capabilities", ("step",))})
 
 
 def _torch_export(module: Any, args: tuple[Any, ...], shapes: Any) -> Any:
@@ -225,7 +225,7 @@ def export_model(model_ref: str, *, fmt: str = "onnx", mode: str = "stream", out
                 program = _torch_export(module, args, shapes)
                 dynamic_length = True
             except Exception as exc:  # noqa: BLE001 - a dynamic length the ops refuse: fall back, said once
-                scan_instead = fmt == "onnx" and _has_step(model)
+                scan_instead = fmt == "onnx" and not _stepless(model)
                 log.warning("zoo export: %s does not export with a dynamic length (%s: %s); %s", core_kinds(model),
                             type(exc).__name__, str(exc).splitlines()[0][:200],
                             "the ONNX sequence model is a Scan over its step (any length)" if scan_instead else
@@ -246,8 +246,8 @@ def export_model(model_ref: str, *, fmt: str = "onnx", mode: str = "stream", out
                 raise ExportError("the parallel forward has no dynamic length")
             _save_onnx(program, path, inputs, outputs, meta, model, mode)
         except ExportError as exc:  # an op without an ONNX translation: the sequence as a Scan over the step
-            if not _has_step(model):
-                stepless = sorted({type(c).__name__ for c in model.cores() if "step" not in getattr(c, "capabilities", ("step",))})
+            stepless = _stepless(model)
+            if stepless:
                 raise ExportError(f"{exc}; {', '.join(stepless)} is bidirectional, so no Scan over its step can stand in "
                                   "for the parallel forward") from None
             if static_length:

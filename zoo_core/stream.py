@@ -20,10 +20,11 @@ Shapes: B batch, H channels (d_model), P states (M: S4's half state, K = 2: an o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
+
+from .kernels.dplr import StepMatrices
 
 
 class _Stream:
@@ -96,39 +97,34 @@ class DPLRStream(_Stream):
     """S4's bilinear step on the half state (``zoo_core.kernels.dplr.DPLRStep.step``), real views:
     x ← (2/Δ + Λ) x − P·2Re(P* x) + 2B u; x ← D (x − P·2Re(R x)); y = 2Re(C x) + d ⊙ u.
 
-    Attributes: ``E``, ``D``, ``P``, ``B2``, ``R``, ``C`` (H, M, 2) as ``StepMatrices``; ``d`` (H,).
+    Attributes: ``mats``, the ``StepMatrices`` with every field as its real view (H, M, 2); ``d`` (H,).
     """
 
-    E: Tensor
-    D: Tensor
-    P: Tensor
-    B2: Tensor
-    R: Tensor
-    C: Tensor
+    mats: StepMatrices
     d: Tensor
 
     @staticmethod
-    def of(mats: Any, d: Tensor) -> DPLRStream:
-        """From ``StepMatrices`` (complex) and the skip ``d``."""
-        E, D, P, B2, R, C = _real(mats.E, mats.D, mats.P, mats.B2, mats.R, mats.C)
-        return DPLRStream(E, D, P, B2, R, C, d)
+    def of(mats: StepMatrices, d: Tensor) -> DPLRStream:
+        """From complex ``StepMatrices`` and the skip ``d``."""
+        return DPLRStream(StepMatrices(*_real(*mats)), d)
 
     def step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         """x_t (B, H), h (B, H, M, 2) -> (y (B, H), h' (B, H, M, 2))."""
+        m = self.mats
         u = x_t.to(self.d.dtype)[..., None]  # (B, H, 1)
         hr, hi = h.unbind(-1)
-        er, ei = self.E.unbind(-1)
-        pr, pi = self.P.unbind(-1)
-        br, bi = self.B2.unbind(-1)
+        er, ei = m.E.unbind(-1)
+        pr, pi = m.P.unbind(-1)
+        br, bi = m.B2.unbind(-1)
         q = 2 * (pr * hr + pi * hi).sum(-1, keepdim=True)  # 2 Re(conj(P) x), (B, H, 1)
         xr = er * hr - ei * hi - pr * q + br * u
         xi = er * hi + ei * hr - pi * q + bi * u
-        rr, ri = self.R.unbind(-1)
+        rr, ri = m.R.unbind(-1)
         r = 2 * (rr * xr - ri * xi).sum(-1, keepdim=True)  # 2 Re(R x)
         xr, xi = xr - pr * r, xi - pi * r
-        dr, di = self.D.unbind(-1)
+        dr, di = m.D.unbind(-1)
         nr, ni = dr * xr - di * xi, dr * xi + di * xr
-        cr, ci = self.C.unbind(-1)
+        cr, ci = m.C.unbind(-1)
         y = 2 * (cr * nr - ci * ni).sum(-1)  # (B, H)
         return y + self.d * u[..., 0], torch.stack((nr, ni), -1)
 
