@@ -23,6 +23,7 @@ from benchmarks.cases import (
     registry,
     zoo_layer,
 )
+from benchmarks.stream import stream_families
 
 # A core without sizes of its own (a new plugin, S5's bidirectional variant) is timed at these and
 # reported in REPORT_CORES.md.
@@ -161,7 +162,7 @@ def special_families() -> list[Family]:
                           peer="ABCDEF-final", extra={"threads": 1},
                           doc="one optimiser step of ABCDEF vs AAAAAA (seed 001's depth recurrence)"))
         out += adaptive_families()
-    return out
+    return out + stream_families(cores)
 
 
 def adaptive_families(models: list[dict[str, Any]] | None = None) -> list[Family]:

@@ -185,6 +185,14 @@ REPORTS: dict[str, ReportSpec] = {s.name: s for s in (
                 "--impls 'scan=ssd-chunked' transformers auto 'scan=gdn-chunked' 'fla naive chunk' "
                 "'scan=mamba3-chunked' 'zoo mamba2*' 'attention=sdpa' --out benchmarks/results/families.jsonl"),
                peers={}, sections=((("layer",), "One layer per family (B=8, H=64)"), (("memory",), "Peak memory"))),
+    ReportSpec("REPORT_STREAM.md", "Streaming step at B=1: the lean eager step, the compiled step and the exported "
+               "stream model in onnxruntime, against the general path", "stream.jsonl",
+               (f"{RUN} 'stream/*' --threads 1 --repeats 7 --out benchmarks/results/stream.jsonl",),
+               peers={"stream": ("general path",)},
+               sections=((("stream",), "Per-token latency (each call: 100 consecutive tokens from the zero state)"),),
+               columns={"stream": (("µs/token", lambda r: f"{r['median_s'] / r['L'] * 1e6:.0f}" if r.get("L") else None),
+                                   ("file", lambda r: f"{r['file_kib']:.0f} KiB" if "file_kib" in r else None))},
+               order=("general path", "eager step", "compiled step", "onnxruntime", "onnxruntime io-binding")),
     ReportSpec("REPORT_CORES.md", "Every other core: each backend combination the registry serves", "cores.jsonl",
                (f"{RUN} s5-bidirectional --out benchmarks/results/cores.jsonl  # and any core without a report",),
                peers={}, sections=((("layer",), "One layer per core"), (("memory",), "Peak memory"))),

@@ -56,8 +56,15 @@ def test_cached_constants_follow_parameter_updates_and_gradients(kind):
             after = core.step(x, h)[0]
             assert not torch.equal(before, after)
             torch.testing.assert_close(after, core.forward_with_state(x[:, None], h)[0][:, 0])
-    with torch.inference_mode():  # no version counter there: computed afresh, never cached
-        assert core.step(x, state)[0].shape == (2, 4)
+    with torch.inference_mode():  # cached there too, as normal tensors (usable once inference mode ends)
+        kept = core.stream()
+        assert core.stream() is kept
+    assert not any(v.is_inference() for v in vars(kept).values() if isinstance(v, torch.Tensor))
+    with torch.no_grad():
+        assert core.stream() is kept
+        name, p = next((n, p) for n, p in core.named_parameters() if "." not in n)
+        setattr(core, name, torch.nn.Parameter(p.detach().clone()))  # replaced (load_state_dict(assign=True)): a new key
+        assert core.stream() is not kept
     # with gradients the constants are computed in the graph: every parameter the step reads gets one
     y, _ = core.step(x, {"h": torch.randn_like(state["h"])})  # a non-zero state: the decays matter
     y.sum().backward()

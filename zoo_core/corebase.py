@@ -114,6 +114,15 @@ def _constructing(init: Callable[..., None]) -> Callable[..., None]:
     return __init__
 
 
+def _own_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """``list(module.parameters())`` by a plain walk (the generator is slow on a per-token path)."""
+    params = [p for p in module._parameters.values() if p is not None]
+    for child in module._modules.values():
+        if child is not None:
+            params.extend(p for p in _own_parameters(child) if all(p is not q for q in params))
+    return params
+
+
 class CoreBase(nn.Module):
     """Base class of the built-in cores (optional for third parties, who may satisfy ``SSMCore``
     alone): the compute plan as typed class attributes, validation and backend binding done by the
@@ -233,7 +242,8 @@ class CoreBase(nn.Module):
         backpropagation through ``step`` sees the parameters). What ``step`` uses for its
         input-independent tensors (a discretised system: ``zoo_core.stream``). While ``torch.export``
         traces, a value cached before is used as a constant (``zoo_core.export`` fills it first); under
-        ``torch.compile`` and ``torch.inference_mode`` it is computed afresh. A value that depends on
+        ``torch.compile`` it is computed afresh (the graph fuses it); under ``torch.inference_mode`` it is
+        made as normal tensors, so it serves later calls outside that mode too. A value that depends on
         more than the parameters (a setting such as ``dt_scale``) is forgotten by ``clear_cache``."""
         if torch.compiler.is_exporting():  # filled just before export: a constant of the program
             filled = self.__dict__.get("_zoo_cache", {})
@@ -241,17 +251,21 @@ class CoreBase(nn.Module):
         if torch.compiler.is_compiling():  # a compiled graph computes it in place (and fuses it)
             return make()
         store = self.__dict__.setdefault("_zoo_cache", {})
-        params = list(self.parameters())
-        if (torch.is_grad_enabled() and any(p.requires_grad for p in params)) or torch.is_inference_mode_enabled() \
-                or any(p.is_inference() for p in params):
-            return make()  # inference tensors have no version to key on, and cannot be saved for backward later
+        params = _own_parameters(self)
+        if (torch.is_grad_enabled() and any(p.requires_grad for p in params)) or any(p.is_inference() for p in params):
+            return make()  # inference tensors have no version to key on
         # dt_scale, where a core has one, is the setting a cached discretisation depends on beyond its parameters
-        key = (getattr(self, "dt_scale", None), *((p.data_ptr(), p._version, p.dtype, p.device) for p in params))
+        # (the parameters themselves are kept with the value, so their ids cannot be reused while it is)
+        key = (getattr(self, "dt_scale", None), *((id(p), p.data_ptr(), p._version, p.dtype, p.device) for p in params))
         hit = store.get(name)
         if hit is not None and hit[0] == key:
             return hit[1]
-        value = make()
-        store[name] = (key, value)
+        if torch.is_inference_mode_enabled():  # kept for later calls: made as normal tensors, not inference ones
+            with torch.inference_mode(False), torch.no_grad():
+                value = make()
+        else:
+            value = make()
+        store[name] = (key, value, params)
         return value
 
     def clear_cache(self) -> None:

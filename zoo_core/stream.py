@@ -33,12 +33,14 @@ class _Stream:
     def step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
+    def step_complex(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        """``step`` on a complex state (the eager one): through its real view unless a form has fewer ops."""
+        y, new = self.step(x_t, torch.view_as_real(h))
+        return y, torch.view_as_complex(new)
+
     def step_state(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         """``step`` for a complex state or its real view, returning the new state in the same form."""
-        if h.is_complex():
-            y, new = self.step(x_t, torch.view_as_real(h))
-            return y, torch.view_as_complex(new)
-        return self.step(x_t, h)
+        return self.step_complex(x_t, h) if h.is_complex() else self.step(x_t, h)
 
 
 def _real(*tensors: Tensor) -> tuple[Tensor, ...]:
@@ -64,6 +66,11 @@ class DiagStream(_Stream):
     b: Tensor
     c: Tensor
     d: Tensor
+    # the complex forms ``step_complex`` uses (fewer ops on the eager, complex state): ā; per channel B̄ and conj(C)
+    a_c: Tensor
+    a_r: Tensor  # ā's real view (..., 2), contiguous: what the fused block kernel reads (zoo_core.nn.lean)
+    b_c: Tensor | None
+    c_conj: Tensor | None
 
     @property
     def per_channel(self) -> bool:
@@ -77,19 +84,34 @@ class DiagStream(_Stream):
         same = torch.stack((a[..., 0], a[..., 0]), -1)
         swap = torch.stack((-a[..., 1], a[..., 1]), -1)
         signed = torch.stack((c[..., 0], -c[..., 1]), -1)  # (H, P, 2)
+        a = a.contiguous()
+        a_c = torch.view_as_complex(a)
         if a.dim() == 3:
-            return DiagStream(same, swap, b, signed, d)
+            c_conj = torch.view_as_complex(c.contiguous()).conj().resolve_conj()
+            return DiagStream(same, swap, b.contiguous(), signed, d, a_c, a, torch.view_as_complex(b.contiguous()), c_conj)
         H = b.shape[1]
-        return DiagStream(same, swap, b.transpose(0, 1).reshape(H, -1), signed.reshape(H, -1).T.contiguous(), d)
+        return DiagStream(same, swap, b.transpose(0, 1).reshape(H, -1), signed.reshape(H, -1).T.contiguous(), d,
+                          a_c, a, None, None)
 
     def step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         """x_t (B, H) real, h the state's real view ((B, H, P, 2) per channel, else (B, P, 2)) ->
         (y (B, H) in the constants' dtype, h' in h's layout)."""
-        x = x_t.to(self.d.dtype)
-        u = self.b * x[..., None, None] if self.per_channel else (x @ self.b).view(h.shape)
-        new = self.same * h + self.swap * h.flip(-1) + u
+        x = x_t if x_t.dtype == self.d.dtype else x_t.to(self.d.dtype)
+        u = self.b * x.view(*x.shape, 1, 1) if self.per_channel else (x @ self.b).view(h.shape)
+        new = torch.addcmul(torch.addcmul(u, self.same, h), self.swap, h.flip(-1))  # few ops: a token's cost is per op
         y = (self.c * new).sum((-2, -1)) if self.per_channel else new.flatten(-2) @ self.c
-        return y + self.d * x, new
+        return torch.addcmul(y, self.d, x), new
+
+    def step_complex(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        """The same maths on the complex state in complex ops: no flip, no views back and forth."""
+        x = x_t if x_t.dtype == self.d.dtype else x_t.to(self.d.dtype)
+        if self.b_c is not None and self.c_conj is not None:  # per channel: (B, H, P)
+            new = torch.addcmul(self.b_c * x.unsqueeze(-1), self.a_c, h)
+            y = torch.linalg.vecdot(self.c_conj, new).real  # Σ_p Re(c_p h'_p): vecdot conjugates its first argument
+        else:  # shared decays: (B, P)
+            new = torch.addcmul(torch.view_as_complex((x @ self.b).view(*h.shape, 2)), self.a_c, h)
+            y = torch.view_as_real(new).flatten(-2) @ self.c
+        return torch.addcmul(y, self.d, x), new
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from ..errors import UsageError
 from ..packing import Segments
 from .adaptive import AdaptiveConfig, AdaptiveResult, run_adaptive, stop_depths
 from .adaptive import prediction as read_prediction
+from .lean import lean_plan
 from .model_state import AdaptiveStream, ModelState
 from .pools import Pool, PoolState, RunningPool
 from .reshape import InputReshaper, ReshapeState
@@ -236,7 +237,16 @@ class SequenceModel(nn.Module):
         return self.readout_packed(h, seg), ModelState(seg.doc_len.clone(), layers, pools)
 
     def step(self, x_t: Tensor, state: ModelState) -> tuple[Tensor, ModelState]:
-        """One raw time step: x_t is (B, D) features or (B,) tokens; returns (B, O) and the new state."""
+        """One raw time step: x_t is (B, D) features or (B,) tokens; returns (B, O) and the new state.
+
+        In eval mode with gradients off, a plain stream takes the lean plan (``zoo_core.nn.lean``): the
+        same maths without the general path's Python (not while ``torch.compile`` or ``torch.export``
+        traces: a graph has no Python to save, and traces the general path)."""
+        if not (self.training or torch.is_grad_enabled() or torch.compiler.is_compiling()) \
+                and state.reshape is None and state.adaptive is None and len(state.layers) == self.stack.depth:
+            plan = lean_plan(self)
+            if plan is not None:
+                return plan.step(x_t, state)
         outs, new = self._advance(x_t[:, None], state, stepwise=True, reads=[self.stack.depth])
         return self.pool.step_output(outs[0]), new
 
