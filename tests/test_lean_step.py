@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import logging
 
 import pytest
 import torch
@@ -60,10 +61,11 @@ def test_lean_step_equals_the_general_path(path):
         _assert_same(_stream(model, x, model.step), _stream(model, x, lambda xt, s: _general(model, xt, s)))
 
 
-@pytest.mark.parametrize("path", ["specs/s4d-basicmotions.yaml", "specs/s5-basicmotions.yaml", "specs/lru-jv.yaml"])
+@pytest.mark.parametrize("path", ["specs/s4d-basicmotions.yaml", "specs/s5-basicmotions.yaml", "specs/lru-jv.yaml",
+                                  "specs/s4-basicmotions.yaml", "specs/linoss-basicmotions.yaml"])
 def test_fused_block_kernel_is_exact_in_float64(path):
-    """S4D (per-channel), S5 and LRU (shared decays) blocks run as one fused C++ call; in float64 they
-    equal the general path's separate ops to rounding."""
+    """S4D (per-channel decays), S5 and LRU (shared), S4 (DPLR) and LinOSS (oscillator blocks) run each
+    block as one fused C++ call; in float64 they equal the general path's separate ops to rounding."""
     model = build_model(path, seed=0).double().eval()
     x = example_input(model, 3, 10).double()
     with torch.no_grad():
@@ -100,3 +102,46 @@ def test_lean_step_sees_weights_hooks_modes_and_replaced_modules():
     y, _ = model.step(x[:, 0], model.init_state(2))
     assert y.requires_grad
 
+
+
+def test_without_the_kernel_blocks_run_as_separate_ops_and_say_so_once(monkeypatch, caplog):
+    from zoo_core.kernels import cpp
+
+    monkeypatch.setattr(cpp, "unavailable_reason", lambda name: "no C++ compiler: 'c++' is not on PATH")
+    model = build_model("specs/lru-jv.yaml", seed=0).eval()
+    x = example_input(model, 2, 5)
+    with caplog.at_level(logging.WARNING, logger="zoo_core.nn.lean"), torch.no_grad():
+        plan = lean_plan(model)
+        assert plan is not None and not any("fused" in p.__name__ for p in plan.positions)
+        _assert_same(_stream(model, x, model.step), _stream(model, x, lambda xt, s: _general(model, xt, s)))
+    said = [r.getMessage() for r in caplog.records if "fused C++ block kernel is unavailable" in r.getMessage()]
+    assert len(said) == 1 and "not on PATH" in said[0]
+
+
+def test_fused_kernel_checks_its_input():
+    from zoo_core.kernels import cpp
+
+    kernel = cpp.load("stream_block")
+    x, h = torch.randn(2, 4), torch.zeros(2, 4, 3, dtype=torch.complex64)
+    a = b = c = torch.randn(4, 3, 2)
+    common = (1, None, None, None, None, 1e-5, True, 1, 0, None, None, True)
+    z, new = kernel.diag_block(x, h, a, b, c, torch.randn(4), True, *common)
+    assert z.shape == (2, 4) and new.dtype == torch.complex64 and new.shape == h.shape
+    with pytest.raises(RuntimeError, match="per-channel b, c must be"):
+        kernel.diag_block(x, h, a, torch.randn(4, 2, 2), c, torch.randn(4), True, *common)
+    with pytest.raises(RuntimeError, match="dtype"):
+        kernel.diag_block(x.double(), h, a, b, c, torch.randn(4), True, *common)
+    with pytest.raises(RuntimeError, match="output map's weight"):
+        kernel.diag_block(x, h, a, b, c, torch.randn(4), True, *common[:8], 2, torch.randn(4, 4), None, True)
+
+
+def test_a_state_the_kernel_does_not_take_goes_to_the_separate_ops():
+    """A state of another precision (complex128 for a float32 model) is stepped by the ops, not the kernel."""
+    model = build_model("specs/s4d-basicmotions.yaml", seed=0).eval()
+    x = example_input(model, 1, 3)
+    with torch.no_grad():
+        state = model.init_state(1)
+        wide = type(state)(state.t, [{"h": s["h"].to(torch.complex128)} for s in state.layers], state.pools)
+        y, new = model.step(x[:, 0], wide)
+        y_ref, _ = _general(model, x[:, 0], wide)
+    torch.testing.assert_close(y, y_ref)

@@ -104,6 +104,8 @@ class DiagStream(_Stream):
 
     def step_complex(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         """The same maths on the complex state in complex ops: no flip, no views back and forth."""
+        if h.dtype != self.a_c.dtype:  # a state of another precision: the real form promotes as arithmetic does
+            return super().step_complex(x_t, h)
         x = x_t if x_t.dtype == self.d.dtype else x_t.to(self.d.dtype)
         if self.b_c is not None and self.c_conj is not None:  # per channel: (B, H, P)
             new = torch.addcmul(self.b_c * x.unsqueeze(-1), self.a_c, h)

@@ -34,7 +34,8 @@ from torch.nn.modules import module as _module
 
 from ..kernels import cpp
 from ..logs import log_once
-from ..stream import DiagStream
+from ..protocols import complex_dtype
+from ..stream import BlockStream, DiagStream, DPLRStream
 from .blocks import Block
 from .model_state import ModelState
 from .pools import PoolState, RunningPool
@@ -79,13 +80,24 @@ def _norm_stats(norm: nn.Module) -> nn.Module | None:
     return None
 
 
+def _core_args(s: object) -> tuple[str, tuple[object, ...]] | None:
+    """The fused kernel's entry and its core tensors for a stream form (``zoo_core.stream``), None for another."""
+    if isinstance(s, DiagStream):
+        return "diag_block", (s.a_r, s.b, s.c, s.d, s.per_channel)
+    if isinstance(s, DPLRStream):
+        return "dplr_block", (*s.mats, s.d)
+    if isinstance(s, BlockStream):
+        return "osc_block", (s.a, s.b, s.c, s.d)
+    return None
+
+
 def fused_block(block: Block, norm: nn.Module, aten: Position) -> Position | None:
     """The block's step as one call of the fused C++ kernel (``stream_block.cpp``), where its parts are
-    the kernel's (a core whose cached ``stream()`` is a ``DiagStream``: S4D, S5, LRU; LayerNorm, RMSNorm
-    or none; the usual activations; GLU, linear or no output map); None where they are not. At each
-    call, input or state the kernel does not take (another dtype, a complex state of another
-    precision) goes to ``aten``, the same maths in separate ops. Without a C++ toolchain it is None,
-    said once."""
+    the kernel's (a core whose cached ``stream()`` is one of ``zoo_core.stream``'s forms: S4D, S5, LRU,
+    S4, LinOSS; LayerNorm, RMSNorm, a batch norm in eval or none; the usual activations; GLU, linear
+    or no output map); None where they are not. At each call, input or state the kernel does not take
+    (another dtype or device, a state of another precision) goes to ``aten``, the same maths in separate
+    ops. Without a C++ toolchain it is None, said once."""
     core = block.core
     stats = _norm_stats(norm)
     norm_code = 3 if stats is not None else _NORMS.get(type(norm))
@@ -93,14 +105,14 @@ def fused_block(block: Block, norm: nn.Module, aten: Position) -> Position | Non
     stream_of = getattr(core, "stream", None)
     if norm_code is None or act_code is None or out_parts is None or not callable(stream_of):
         return None
-    if not isinstance(stream_of(), DiagStream):
+    if _core_args(stream_of()) is None:
         return None
     reason = cpp.unavailable_reason(KERNEL)
     if reason is not None:
         log_once(log, logging.WARNING, ("kernel", reason), "the lean streaming step runs each block as separate torch "
                  f"ops (several times slower per token) because the fused C++ block kernel is unavailable: {reason}")
         return None
-    kernel = cpp.load(KERNEL).diag_block
+    kernels = cpp.load(KERNEL)
     out_code, linear = out_parts
     prenorm, residual = block.prenorm, block.residual
     affine = stats if stats is not None else norm  # the module holding the norm's weight, bias and eps
@@ -111,15 +123,16 @@ def fused_block(block: Block, norm: nn.Module, aten: Position) -> Position | Non
     def step(h: Tensor, state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         s = stream_of()
         hs = state.get("h")
+        got = _core_args(s)
         dtype = s.d.dtype
-        if hs is None or len(state) != 1 or h.dtype != dtype or not isinstance(s, DiagStream) \
-                or hs.dtype not in (dtype, s.a_c.dtype) or h.device.type != "cpu":
+        if got is None or hs is None or len(state) != 1 or h.dtype != dtype or h.device.type != "cpu" \
+                or hs.dtype != (complex_dtype(dtype) if hs.is_complex() else dtype):
             return aten(h, state)
-        z, new = kernel(h, hs, s.a_r, s.b, s.c, s.d,
-                        s.per_channel, norm_code, getattr(affine, "weight", None), getattr(affine, "bias", None),
-                        getattr(affine, "running_mean", None), getattr(affine, "running_var", None), eps,
-                        prenorm, act_code, out_code, None if linear is None else linear.weight,
-                        None if linear is None else linear.bias, residual)
+        entry, args = got
+        z, new = getattr(kernels, entry)(
+            h, hs, *args, norm_code, getattr(affine, "weight", None), getattr(affine, "bias", None),
+            getattr(affine, "running_mean", None), getattr(affine, "running_var", None), eps, prenorm, act_code,
+            out_code, None if linear is None else linear.weight, None if linear is None else linear.bias, residual)
         return z, {"h": new}
     return step
 
