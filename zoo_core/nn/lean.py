@@ -36,7 +36,7 @@ from ..kernels import cpp
 from ..logs import log_once
 from ..protocols import complex_dtype
 from ..stream import BlockStream, DiagStream, DPLRStream
-from .blocks import Block
+from .blocks import Block, ChannelBatchNorm, EMABatchNorm
 from .model_state import ModelState
 from .pools import PoolState, RunningPool
 
@@ -71,8 +71,6 @@ def _out_parts(out: nn.Module) -> tuple[int, nn.Linear | None] | None:
 
 def _norm_stats(norm: nn.Module) -> nn.Module | None:
     """A batch norm that normalises with stored statistics in eval (the module holding them), else None."""
-    from .blocks import ChannelBatchNorm, EMABatchNorm
-
     if isinstance(norm, EMABatchNorm):
         return norm
     if isinstance(norm, ChannelBatchNorm) and norm.bn.track_running_stats and norm.bn.running_mean is not None:
