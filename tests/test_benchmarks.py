@@ -175,3 +175,17 @@ def test_kernel_check_stops_a_wrong_kernel(bench: dict[str, ModuleType]) -> None
     fam = cases.with_impls(s4d, lambda: [cases.Impl("off by 1%", wrong)])
     with pytest.raises(AssertionError, match="off by 1% L=37"):
         fam.check(fam)  # type: ignore[misc]
+
+
+def test_stream_families_time_every_streaming_path_and_agree(bench: dict[str, ModuleType]) -> None:
+    """stream/<spec>: one family per small classifier; each implementation's outputs over the same tokens
+    match the general path's (the family's start-up check), onnxruntime with bound buffers included."""
+    pytest.importorskip("onnxruntime")
+    import torch
+
+    stream = importlib.import_module("benchmarks.stream")
+    assert {f"stream/{s}" for s in stream.STREAM_SPECS} <= set(bench["catalog"].families())
+    ref = torch.cat(stream._runner("lru-jv", "general path", 6)())
+    for impl in ("eager step", "onnxruntime", "onnxruntime io-binding"):
+        got = torch.cat(stream._runner("lru-jv", impl, 6)())
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5, msg=impl)
