@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import glob
 import logging
 
@@ -145,3 +146,72 @@ def test_a_state_the_kernel_does_not_take_goes_to_the_separate_ops():
         y, new = model.step(x[:, 0], wide)
         y_ref, _ = _general(model, x[:, 0], wide)
     torch.testing.assert_close(y, y_ref)
+
+
+def test_a_deep_copy_streams_its_own_weights():
+    """The plan lives beside the model, not in it: a copy made after streaming (a best-model snapshot,
+    an EMA or SWA copy) builds its own plan over its own modules."""
+    model = build_model("specs/s4d-basicmotions.yaml", seed=0).eval()
+    x = example_input(model, 2, 4)
+    with torch.no_grad():
+        _stream(model, x, model.step)  # the original's plan is built
+        twin = copy.deepcopy(model)
+        for p in twin.parameters():
+            p.mul_(0.5)
+        _assert_same(_stream(twin, x, twin.step), _stream(twin, x, lambda xt, s: _general(twin, xt, s)))
+
+
+def test_a_core_overriding_step_alone_keeps_its_step():
+    """A subclass that overrides ``step`` but not ``stream`` (S5's bidirectional variant refuses to step)
+    is stepped through its ``step``, never fused from the inherited ``stream()``."""
+    model = build_model("specs/s4d-basicmotions.yaml", seed=0).eval()
+    core = model.stack.blocks[0].core
+    calls = []
+
+    class Counting(type(core)):
+        def step(self, x_t, state):
+            calls.append(1)
+            return super().step(x_t, state)
+
+    core.__class__ = Counting
+    with torch.no_grad():
+        model.step(example_input(model, 1, 1)[:, 0], model.init_state(1))
+        plan = lean_plan(model)
+    assert calls and "fused" not in plan.positions[0].__name__ and "fused" in plan.positions[1].__name__
+
+
+def test_rmsnorm_without_eps_takes_the_input_dtypes_epsilon():
+    model = build_model("specs/s4d-basicmotions.yaml", seed=0).double().eval()
+    for block in model.stack.blocks:
+        block.norm = nn.RMSNorm(model.d_model, eps=None, dtype=torch.float64)
+    model.eval()  # the new norms too (a module in training mode makes the plan step aside)
+    x = 1e-5 * example_input(model, 2, 6).double()  # small inputs: the epsilon matters
+    with torch.no_grad():
+        assert all("fused" in p.__name__ for p in lean_plan(model).positions)
+        _assert_same(_stream(model, x, model.step), _stream(model, x, lambda xt, s: _general(model, xt, s)), tol=1e-11)
+
+
+def test_dispatch_modes_and_autocast_see_the_general_path():
+    """A dispatch mode (FLOP counting, fake tensors) must see every op, and autocast's casts are the
+    general path's: under either, ``step`` is the general path exactly."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    model = build_model("specs/s4d-basicmotions.yaml", seed=0).eval()
+    x, state = example_input(model, 1, 1)[:, 0], model.init_state(1)
+    with torch.no_grad():
+        with Ops() as ops:
+            model.step(x, state)
+        assert ops.seen.count("aten.native_layer_norm.default") == 4  # each block's norm, none hidden in a kernel
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y, _ = model.step(x, state)
+            y_ref, _ = _general(model, x, state)
+    assert torch.equal(y, y_ref)

@@ -24,13 +24,15 @@ Letters: B batch, D raw input channels, H model width, O outputs.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (the field's name for it)
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
+from torch.utils import _python_dispatch
 
 from ..kernels import cpp
 from ..logs import log_once
@@ -46,36 +48,50 @@ if TYPE_CHECKING:
 Fn = Callable[[Tensor], Tensor]
 Position = Callable[[Tensor, dict[str, Tensor]], tuple[Tensor, dict[str, Tensor]]]
 log = logging.getLogger("zoo_core.nn.lean")
+# Each model's plan, beside the model rather than in it: a deepcopy or a pickled model must not carry
+# closures over the original's modules (they would step the original's weights); the key is weak.
+_PLANS: weakref.WeakKeyDictionary[nn.Module, LeanStep] = weakref.WeakKeyDictionary()
 KERNEL = "stream_block"  # zoo_core/kernels/csrc/stream_block.cpp
 _NORMS = {nn.Identity: 0, nn.LayerNorm: 1, nn.RMSNorm: 2}
 _OUTS = {"none": 0, "linear": 1, "glu": 2}
 
 
 def _act_code(act: nn.Module) -> int | None:
-    if isinstance(act, nn.GELU):
+    """The kernel's code for an activation module of exactly these types (a subclass may compute otherwise)."""
+    if type(act) is nn.GELU:
         return 1 if act.approximate == "none" else 2
     return {nn.Identity: 0, nn.SiLU: 3, nn.ReLU: 4}.get(type(act))
 
 
 def _out_parts(out: nn.Module) -> tuple[int, nn.Linear | None] | None:
-    """The block's output map as (kind, its Linear): none, linear, or GLU (Linear(H, 2H) then GLU on the last dim)."""
-    if isinstance(out, nn.Identity):
+    """The block's output map as (kind, its Linear): none, linear (H → H), or GLU (Linear(H, 2H) then GLU
+    on the last dim); exact module types only."""
+    if type(out) is nn.Identity:
         return _OUTS["none"], None
-    if isinstance(out, nn.Linear):
+    if type(out) is nn.Linear and out.in_features == out.out_features:
         return _OUTS["linear"], out
-    if isinstance(out, nn.Sequential) and len(out) == 2 and isinstance(out[0], nn.Linear) \
-            and isinstance(out[1], nn.GLU) and out[1].dim in (-1, 1):
+    if type(out) is nn.Sequential and len(out) == 2 and type(out[0]) is nn.Linear and type(out[1]) is nn.GLU \
+            and out[1].dim in (-1, 1) and out[0].out_features == 2 * out[0].in_features:
         return _OUTS["glu"], out[0]
     return None
 
 
 def _norm_stats(norm: nn.Module) -> nn.Module | None:
     """A batch norm that normalises with stored statistics in eval (the module holding them), else None."""
-    if isinstance(norm, EMABatchNorm):
+    if type(norm) is EMABatchNorm:
         return norm
-    if isinstance(norm, ChannelBatchNorm) and norm.bn.track_running_stats and norm.bn.running_mean is not None:
+    if type(norm) is ChannelBatchNorm and type(norm.bn) is nn.BatchNorm1d and norm.bn.track_running_stats \
+            and norm.bn.running_mean is not None:
         return norm.bn
     return None
+
+
+def _streams_by_its_stream(core: nn.Module) -> bool:
+    """Whether the core's ``step`` is the one written beside its ``stream()`` (so stepping from ``stream()``
+    is stepping the core): a subclass that overrides ``step`` alone (S5's bidirectional variant, which
+    refuses to step) keeps its own."""
+    owner = next((c for c in type(core).__mro__ if "stream" in c.__dict__), None)
+    return owner is not None and owner.__dict__.get("step") is getattr(type(core), "step", None)
 
 
 def _core_args(s: object) -> tuple[str, tuple[object, ...]] | None:
@@ -91,19 +107,19 @@ def _core_args(s: object) -> tuple[str, tuple[object, ...]] | None:
 
 def fused_block(block: Block, norm: nn.Module, aten: Position) -> Position | None:
     """The block's step as one call of the fused C++ kernel (``stream_block.cpp``), where its parts are
-    the kernel's (a core whose cached ``stream()`` is one of ``zoo_core.stream``'s forms: S4D, S5, LRU,
-    S4, LinOSS; LayerNorm, RMSNorm, a batch norm in eval or none; the usual activations; GLU, linear
-    or no output map); None where they are not. At each call, input or state the kernel does not take
-    (another dtype or device, a state of another precision) goes to ``aten``, the same maths in separate
-    ops. Without a C++ toolchain it is None, said once."""
+    the kernel's (a core whose cached ``stream()`` is one of ``zoo_core.stream``'s forms and whose
+    ``step`` is the one written beside it: S4D, S5, LRU, S4, LinOSS; LayerNorm, RMSNorm, a batch norm in
+    eval or none; the usual activations; GLU, linear or no output map, all of exactly these module
+    types); None where they are not. At each call, what the kernel does not take (another dtype or
+    device, a state of another precision, an activation changed since) goes to ``aten``, the same maths
+    in separate ops. Without a C++ toolchain it is None, said once."""
     core = block.core
     stats = _norm_stats(norm)
     norm_code = 3 if stats is not None else _NORMS.get(type(norm))
-    act_code, out_parts = _act_code(block.act), _out_parts(block.out)
+    out_parts = _out_parts(block.out)
     stream_of = getattr(core, "stream", None)
-    if norm_code is None or act_code is None or out_parts is None or not callable(stream_of):
-        return None
-    if _core_args(stream_of()) is None:
+    if norm_code is None or _act_code(block.act) is None or out_parts is None or not callable(stream_of) \
+            or not _streams_by_its_stream(core) or _core_args(stream_of()) is None:
         return None
     reason = cpp.unavailable_reason(KERNEL)
     if reason is not None:
@@ -112,25 +128,28 @@ def fused_block(block: Block, norm: nn.Module, aten: Position) -> Position | Non
         return None
     kernels = cpp.load(KERNEL)
     out_code, linear = out_parts
-    prenorm, residual = block.prenorm, block.residual
     affine = stats if stats is not None else norm  # the module holding the norm's weight, bias and eps
-    eps = float(getattr(affine, "eps", None) or 0.0)
-    if isinstance(norm, nn.RMSNorm) and norm.eps is None:
-        eps = torch.finfo(torch.get_default_dtype()).eps  # RMSNorm's default: the dtype's machine epsilon
+    # an EMA batch norm applies its affine map only when it has both weight and bias (blocks.EMABatchNorm)
+    one_sided = type(affine) is EMABatchNorm and (affine.weight is None) != (affine.bias is None)
 
     def step(h: Tensor, state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         s = stream_of()
         hs = state.get("h")
         got = _core_args(s)
+        act = _act_code(block.act)
         dtype = s.d.dtype
-        if got is None or hs is None or len(state) != 1 or h.dtype != dtype or h.device.type != "cpu" \
-                or hs.dtype != (complex_dtype(dtype) if hs.is_complex() else dtype):
+        if got is None or act is None or one_sided or hs is None or len(state) != 1 or h.dtype != dtype \
+                or h.device.type != "cpu" or hs.dtype != (complex_dtype(dtype) if hs.is_complex() else dtype):
             return aten(h, state)
+        eps = getattr(affine, "eps", None)
+        if eps is None:  # RMSNorm's default: the input dtype's machine epsilon, as F.rms_norm takes it
+            eps = torch.finfo(h.dtype).eps
         entry, args = got
         z, new = getattr(kernels, entry)(
             h, hs, *args, norm_code, getattr(affine, "weight", None), getattr(affine, "bias", None),
-            getattr(affine, "running_mean", None), getattr(affine, "running_var", None), eps, prenorm, act_code,
-            out_code, None if linear is None else linear.weight, None if linear is None else linear.bias, residual)
+            getattr(affine, "running_mean", None), getattr(affine, "running_var", None), float(eps), block.prenorm,
+            act, out_code, None if linear is None else linear.weight, None if linear is None else linear.bias,
+            block.residual)
         return z, {"h": new}
     return step
 
@@ -147,33 +166,36 @@ def _walk_plain(root: nn.Module, out: list[nn.Module]) -> bool:
 
 
 def function_of(module: nn.Module | None) -> Fn | None:
-    """``module``'s forward as a plain function of its input (weights read at each call), None for an identity.
+    """``module``'s forward as a plain function of its input (weights and settings read at each call), None
+    for an identity.
 
     LayerNorm, RMSNorm, Linear, GELU, SiLU, ReLU, GLU, Dropout (in eval: identity) and Sequentials of
-    them are flattened; any other module is called as itself."""
-    if module is None or isinstance(module, (nn.Identity, nn.Dropout)):
+    them, of exactly these types, are flattened; any other module (a subclass too: it may compute
+    otherwise) is called as itself."""
+    kind = type(module)
+    if module is None or kind in (nn.Identity, nn.Dropout):
         return None
-    if isinstance(module, nn.Linear):
-        m = module
+    if kind is nn.Linear:
+        m = cast(nn.Linear, module)
         return lambda x: F.linear(x, m.weight, m.bias)
-    if isinstance(module, nn.LayerNorm):
-        ln = module
+    if kind is nn.LayerNorm:
+        ln = cast(nn.LayerNorm, module)
         return lambda x: F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
-    if isinstance(module, nn.RMSNorm):
-        rms = module
+    if kind is nn.RMSNorm:
+        rms = cast(nn.RMSNorm, module)
         return lambda x: F.rms_norm(x, rms.normalized_shape, rms.weight, rms.eps)
-    if isinstance(module, nn.GELU):
-        approximate = module.approximate
-        return lambda x: F.gelu(x, approximate=approximate)
-    if isinstance(module, nn.SiLU):
+    if kind is nn.GELU:
+        gelu = cast(nn.GELU, module)
+        return lambda x: F.gelu(x, approximate=gelu.approximate)
+    if kind is nn.SiLU:
         return F.silu
-    if isinstance(module, nn.ReLU):
+    if kind is nn.ReLU:
         return F.relu
-    if isinstance(module, nn.GLU):
-        dim = module.dim
-        return lambda x: F.glu(x, dim)
-    if isinstance(module, nn.Sequential):
-        fns = [f for f in (function_of(m) for m in module) if f is not None]
+    if kind is nn.GLU:
+        glu = cast(nn.GLU, module)
+        return lambda x: F.glu(x, glu.dim)
+    if kind is nn.Sequential:
+        fns = [f for f in (function_of(m) for m in cast(nn.Sequential, module)) if f is not None]
         if not fns:
             return None
         if len(fns) == 1:
@@ -201,11 +223,9 @@ class LeanStep:
     def __init__(self, model: SequenceModel, tree: list[nn.Module]) -> None:
         self.model = model
         self.tree = tree  # the module tree it was built from (rebuilt when it changes)
-        self.time_length = model.time_length
         self.encoder = function_of(model.encoder)
         self.final_norm = function_of(model.final_norm)
         self.head: Fn = function_of(model.head) or (lambda x: x)
-        self.pool = model.pool
         self.positions: list[Position] = [self._position(pos) for pos in range(model.stack.depth)]
 
     def _position(self, pos: int) -> Position:
@@ -213,24 +233,24 @@ class LeanStep:
         stack = self.model.stack
         block = stack.block(stack.block_index(pos))
         norms = stack._norms(pos)
-        damped = stack.damping_logit is not None or stack.alpha_fixed != 1.0
 
-        def damp(h: Tensor, y: Tensor) -> Tensor:
-            return stack._damp(pos, h, y) if damped else y
+        def damp(h: Tensor, y: Tensor) -> Tensor:  # read live: the stack's damping may be set after the plan
+            return stack._damp(pos, h, y)
 
-        if not isinstance(block, Block):  # another layout (LrcSSM's): its own step, damping as the stack does
+        if type(block) is not Block:  # another layout (LrcSSM's) or a subclass: its own step, damped as the stack does
             def other(h: Tensor, state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
                 y, new = block.step(h, state, norms=norms)
                 return damp(h, y), new
             return other
         (norm,) = norms if norms is not None else block.norm_modules()
         norm_fn, act, out = function_of(norm), function_of(block.act), function_of(block.out)
-        core, prenorm, residual = block.core, block.prenorm, block.residual
+        core = block.core
 
         def residual_block(h: Tensor, state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+            prenorm = block.prenorm
             y, new = core.step(_apply(norm_fn, h) if prenorm else h, state)
             y = _apply(out, _apply(act, y))
-            z = h + y if residual else y
+            z = h + y if block.residual else y
             return damp(h, z if prenorm else _apply(norm_fn, z)), new
 
         fused = fused_block(block, norm, residual_block)
@@ -244,16 +264,16 @@ class LeanStep:
 
     def step(self, x_t: Tensor, state: ModelState) -> tuple[Tensor, ModelState]:
         """One raw step of a plain stream: x_t (B, D) or tokens (B,) -> ((B, O), the new state)."""
-        x = x_t
-        if self.time_length is not None:  # the time channel t_i = i / length, as _with_time prepends it
-            x = torch.cat([(state.t.to(x.dtype) / self.time_length)[:, None], x], dim=-1)
+        x, model = x_t, self.model
+        if model.time_length is not None:  # the time channel t_i = i / length, as _with_time prepends it
+            x = torch.cat([(state.t.to(x.dtype) / model.time_length)[:, None], x], dim=-1)
         h = _apply(self.encoder, x)  # (B, H)
         layers = []
         for position, layer in zip(self.positions, state.layers, strict=True):
             h, new = position(h, layer)
             layers.append(new)
         hn = _apply(self.final_norm, h)
-        pool = self.pool
+        pool = model.pool
         if not isinstance(pool, RunningPool):  # a per-step readout keeps nothing
             return self.head(hn), ModelState(state.t + 1, layers, {})
         depth = len(layers)
@@ -261,6 +281,15 @@ class LeanStep:
         kept = PoolState(old.total + pool.summand(hn, self.head), old.count + 1, hn)
         mean = kept.total / kept.count.clamp(min=1).to(kept.total.dtype)[:, None]
         return pool.finish(mean, hn, self.head), ModelState(state.t + 1, layers, {depth: kept})
+
+
+def lean_applies(model: SequenceModel, x_t: Tensor, state: ModelState) -> bool:
+    """Whether a step may go to the plan at all: a plain stream (no reshaping buffer, no adaptive depth,
+    one state per position, the pool's state present), no autocast (its casts are the general path's),
+    no dispatch mode (FLOP counting, fake tensors: they must see every op, and the kernel is opaque)."""
+    return state.reshape is None and state.adaptive is None and len(state.layers) == model.stack.depth \
+        and (model.pool.per_step or model.stack.depth in state.pools) \
+        and not torch.is_autocast_enabled(x_t.device.type) and _python_dispatch._get_current_dispatch_mode() is None
 
 
 def lean_plan(model: SequenceModel) -> LeanStep | None:
@@ -272,8 +301,8 @@ def lean_plan(model: SequenceModel) -> LeanStep | None:
     tree: list[nn.Module] = []
     if not _walk_plain(model, tree):
         return None
-    plan: LeanStep | None = model.__dict__.get("_zoo_lean")
+    plan = _PLANS.get(model)
     if plan is None or plan.tree != tree:
         plan = LeanStep(model, tree)
-        model.__dict__["_zoo_lean"] = plan
+        _PLANS[model] = plan
     return plan

@@ -34,7 +34,7 @@ from ..errors import UsageError
 from ..packing import Segments
 from .adaptive import AdaptiveConfig, AdaptiveResult, run_adaptive, stop_depths
 from .adaptive import prediction as read_prediction
-from .lean import lean_plan
+from .lean import lean_applies, lean_plan
 from .model_state import AdaptiveStream, ModelState
 from .pools import Pool, PoolState, RunningPool
 from .reshape import InputReshaper, ReshapeState
@@ -241,9 +241,9 @@ class SequenceModel(nn.Module):
 
         In eval mode with gradients off, a plain stream takes the lean plan (``zoo_core.nn.lean``): the
         same maths without the general path's Python (not while ``torch.compile`` or ``torch.export``
-        traces: a graph has no Python to save, and traces the general path)."""
-        if not (self.training or torch.is_grad_enabled() or torch.compiler.is_compiling()) \
-                and state.reshape is None and state.adaptive is None and len(state.layers) == self.stack.depth:
+        traces, under autocast, or under a dispatch mode such as FLOP counting: those see the general
+        path's ops)."""
+        if not (self.training or torch.is_grad_enabled() or torch.compiler.is_compiling()) and lean_applies(self, x_t, state):
             plan = lean_plan(self)
             if plan is not None:
                 return plan.step(x_t, state)

@@ -83,7 +83,7 @@ T activate(T v, int64_t kind) {
     case 1: return T(0.5) * v * (T(1) + std::erf(v * T(M_SQRT1_2)));
     case 2: return T(0.5) * v * (T(1) + std::tanh(T(0.7978845608028654) * (v + T(0.044715) * v * v * v)));
     case 3: return v / (T(1) + std::exp(-v));
-    case 4: return v > T(0) ? v : T(0);
+    case 4: return v > T(0) || v != v ? v : T(0);  // NaN stays NaN, as torch's relu keeps it
     default: return v;
   }
 }
