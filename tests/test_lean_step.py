@@ -161,6 +161,22 @@ def test_a_deep_copy_streams_its_own_weights():
         _assert_same(_stream(twin, x, twin.step), _stream(twin, x, lambda xt, s: _general(twin, xt, s)))
 
 
+def test_a_plan_does_not_keep_its_model_alive():
+    import gc
+    import weakref
+
+    from zoo_core.nn import lean
+
+    model = build_model("specs/lru-jv.yaml", seed=0).eval()
+    with torch.no_grad():
+        model.step(example_input(model, 1, 1)[:, 0], model.init_state(1))
+    assert model in lean._PLANS
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None
+
+
 def test_a_core_overriding_step_alone_keeps_its_step():
     """A subclass that overrides ``step`` but not ``stream`` (S5's bidirectional variant refuses to step)
     is stepped through its ``step``, never fused from the inherited ``stream()``."""

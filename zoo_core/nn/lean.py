@@ -221,16 +221,16 @@ class LeanStep:
     keeps it, ``step`` is ``model.step`` for a plain stream."""
 
     def __init__(self, model: SequenceModel, tree: list[nn.Module]) -> None:
-        self.model = model
-        self.tree = tree  # the module tree it was built from (rebuilt when it changes)
+        # no reference to the model itself (only to its parts): the plan must not keep its weak key alive
+        self.tree = tree[1:]  # the module tree below the model it was built from (rebuilt when it changes)
         self.encoder = function_of(model.encoder)
         self.final_norm = function_of(model.final_norm)
         self.head: Fn = function_of(model.head) or (lambda x: x)
-        self.positions: list[Position] = [self._position(pos) for pos in range(model.stack.depth)]
+        self.positions: list[Position] = [self._position(model, pos) for pos in range(model.stack.depth)]
 
-    def _position(self, pos: int) -> Position:
+    def _position(self, model: SequenceModel, pos: int) -> Position:
         """Depth position ``pos``: (h_t (B, H), its core state) -> (output, new state)."""
-        stack = self.model.stack
+        stack = model.stack
         block = stack.block(stack.block_index(pos))
         norms = stack._norms(pos)
 
@@ -262,9 +262,9 @@ class LeanStep:
             return damp(h, z), new
         return fused_residual_block
 
-    def step(self, x_t: Tensor, state: ModelState) -> tuple[Tensor, ModelState]:
-        """One raw step of a plain stream: x_t (B, D) or tokens (B,) -> ((B, O), the new state)."""
-        x, model = x_t, self.model
+    def step(self, model: SequenceModel, x_t: Tensor, state: ModelState) -> tuple[Tensor, ModelState]:
+        """``model``'s raw step of a plain stream: x_t (B, D) or tokens (B,) -> ((B, O), the new state)."""
+        x = x_t
         if model.time_length is not None:  # the time channel t_i = i / length, as _with_time prepends it
             x = torch.cat([(state.t.to(x.dtype) / model.time_length)[:, None], x], dim=-1)
         h = _apply(self.encoder, x)  # (B, H)
@@ -302,7 +302,7 @@ def lean_plan(model: SequenceModel) -> LeanStep | None:
     if not _walk_plain(model, tree):
         return None
     plan = _PLANS.get(model)
-    if plan is None or plan.tree != tree:
+    if plan is None or plan.tree != tree[1:]:
         plan = LeanStep(model, tree)
         _PLANS[model] = plan
     return plan

@@ -246,7 +246,7 @@ class SequenceModel(nn.Module):
         if not (self.training or torch.is_grad_enabled() or torch.compiler.is_compiling()) and lean_applies(self, x_t, state):
             plan = lean_plan(self)
             if plan is not None:
-                return plan.step(x_t, state)
+                return plan.step(self, x_t, state)
         outs, new = self._advance(x_t[:, None], state, stepwise=True, reads=[self.stack.depth])
         return self.pool.step_output(outs[0]), new
 
