@@ -114,12 +114,18 @@ def _constructing(init: Callable[..., None]) -> Callable[..., None]:
     return __init__
 
 
-def _own_parameters(module: nn.Module) -> list[nn.Parameter]:
-    """``list(module.parameters())`` by a plain walk (the generator is slow on a per-token path)."""
-    params = [p for p in module._parameters.values() if p is not None]
+def _own_parameters(module: nn.Module, seen: set[int] | None = None) -> list[nn.Parameter]:
+    """``list(module.parameters())`` by a plain walk (the generator is slow on a per-token path): each
+    parameter once, in the generator's order."""
+    seen = set() if seen is None else seen
+    params = []
+    for p in module._parameters.values():
+        if p is not None and id(p) not in seen:
+            seen.add(id(p))
+            params.append(p)
     for child in module._modules.values():
         if child is not None:
-            params.extend(p for p in _own_parameters(child) if all(p is not q for q in params))
+            params.extend(_own_parameters(child, seen))
     return params
 
 

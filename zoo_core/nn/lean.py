@@ -3,8 +3,8 @@
 Why: at batch 1 a streaming step is tiny arithmetic (a few thousand multiply-adds for the classifiers
 of ``specs/``) buried under Python: every ``nn.Module.__call__`` (hooks, dispatch), dropout modules
 that do nothing in eval, the general streaming path's dictionaries of read depths and reshaping
-buffers. Measured on ``specs/s4d-basicmotions.yaml``: 105 aten ops, about 680 µs a token, almost all
-of it overhead. Here the model's structure is read once into a plan of plain functions
+buffers. Measured on ``specs/s4d-basicmotions.yaml``: 105 aten ops a token (the issue measured about
+680 µs a token on its machine), almost all of it overhead. Here the model's structure is read once into a plan of plain functions
 (``F.layer_norm``, ``F.linear``, ``F.gelu``, ``F.glu``, the cores' own ``step``), which reads the
 weights live at every call (an optimizer's in-place update or ``load_state_dict`` is seen at once;
 a core's discretised constants are cached by ``CoreBase.cached``).

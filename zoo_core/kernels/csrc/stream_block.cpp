@@ -322,6 +322,16 @@ void run(const at::Tensor& x, at::Tensor& z, const Common& c, Core core) {
   run_block<T>(x, z, n, c.prenorm, c.act, c.out, optp<T>(c.ow), optp<T>(c.ob), c.residual, core);
 }
 
+// Allocate z and the new state, run the core `make(T{}, hn)` returns for x's dtype T over every row, and
+// return z with the new state in the form h came in (complex or its real view).
+template <typename Make>
+std::vector<at::Tensor> launch(const at::Tensor& x, const at::Tensor& h, const at::Tensor& hs, const Common& cm, Make make) {
+  auto z = at::empty_like(x);
+  auto hn = at::empty_like(hs);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "stream_block", [&] { run<scalar_t>(x, z, cm, make(scalar_t{}, hn)); });
+  return {z, same_form(hn, h)};
+}
+
 std::vector<at::Tensor> diag_block(at::Tensor x, at::Tensor h, at::Tensor a, at::Tensor b, at::Tensor c, at::Tensor d,
                                    bool per_channel, ZOO_COMMON_ARGS) {
   const Common cm = common(x, ZOO_COMMON_PASS);
@@ -343,14 +353,11 @@ std::vector<at::Tensor> diag_block(at::Tensor x, at::Tensor h, at::Tensor a, at:
                 "diag_block: shared state must be (B, P) complex or (B, P, 2)");
   }
   TORCH_CHECK(d.numel() == H, "diag_block: d must be (H,)");
-  auto z = at::empty_like(x);
-  auto hn = at::empty_like(hs);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "diag_block", [&] {
-    run<scalar_t>(x, z, cm, DiagCore<scalar_t>{hs.data_ptr<scalar_t>(), a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(),
-                                               c.data_ptr<scalar_t>(), d.data_ptr<scalar_t>(), hn.data_ptr<scalar_t>(),
-                                               H, P, per_channel});
+  return launch(x, h, hs, cm, [&](auto zero, at::Tensor& hn) {
+    using T = decltype(zero);
+    return DiagCore<T>{hs.data_ptr<T>(), a.data_ptr<T>(), b.data_ptr<T>(), c.data_ptr<T>(), d.data_ptr<T>(),
+                       hn.data_ptr<T>(), H, P, per_channel};
   });
-  return {z, same_form(hn, h)};
 }
 
 std::vector<at::Tensor> dplr_block(at::Tensor x, at::Tensor h, at::Tensor E, at::Tensor Dm, at::Tensor P, at::Tensor B2,
@@ -369,14 +376,11 @@ std::vector<at::Tensor> dplr_block(at::Tensor x, at::Tensor h, at::Tensor E, at:
   const int64_t M = E.size(1);
   TORCH_CHECK(hs.dim() == 4 && hs.size(0) == x.size(0) && hs.size(1) == H && hs.size(2) == M && hs.size(3) == 2,
               "dplr_block: the state must be (B, H, M) complex or (B, H, M, 2)");
-  auto z = at::empty_like(x);
-  auto hn = at::empty_like(hs);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "dplr_block", [&] {
-    run<scalar_t>(x, z, cm, DPLRCore<scalar_t>{hs.data_ptr<scalar_t>(), E.data_ptr<scalar_t>(), Dm.data_ptr<scalar_t>(),
-                                               P.data_ptr<scalar_t>(), B2.data_ptr<scalar_t>(), R.data_ptr<scalar_t>(),
-                                               C.data_ptr<scalar_t>(), d.data_ptr<scalar_t>(), hn.data_ptr<scalar_t>(), H, M});
+  return launch(x, h, hs, cm, [&](auto zero, at::Tensor& hn) {
+    using T = decltype(zero);
+    return DPLRCore<T>{hs.data_ptr<T>(), E.data_ptr<T>(), Dm.data_ptr<T>(), P.data_ptr<T>(), B2.data_ptr<T>(),
+                       R.data_ptr<T>(), C.data_ptr<T>(), d.data_ptr<T>(), hn.data_ptr<T>(), H, M};
   });
-  return {z, same_form(hn, h)};
 }
 
 std::vector<at::Tensor> osc_block(at::Tensor x, at::Tensor h, at::Tensor a, at::Tensor b, at::Tensor c, at::Tensor d,
@@ -394,14 +398,11 @@ std::vector<at::Tensor> osc_block(at::Tensor x, at::Tensor h, at::Tensor a, at::
   TORCH_CHECK(d.numel() == H, "osc_block: d must be (H,)");
   TORCH_CHECK(hs.dim() == 4 && hs.size(0) == x.size(0) && hs.size(1) == P && hs.size(2) == K && hs.size(3) == 2,
               "osc_block: the state must be (B, P, K) complex or (B, P, K, 2)");
-  auto z = at::empty_like(x);
-  auto hn = at::empty_like(hs);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "osc_block", [&] {
-    run<scalar_t>(x, z, cm, OscCore<scalar_t>{hs.data_ptr<scalar_t>(), a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(),
-                                              c.data_ptr<scalar_t>(), d.data_ptr<scalar_t>(), hn.data_ptr<scalar_t>(),
-                                              H, P, K});
+  return launch(x, h, hs, cm, [&](auto zero, at::Tensor& hn) {
+    using T = decltype(zero);
+    return OscCore<T>{hs.data_ptr<T>(), a.data_ptr<T>(), b.data_ptr<T>(), c.data_ptr<T>(), d.data_ptr<T>(),
+                      hn.data_ptr<T>(), H, P, K};
   });
-  return {z, same_form(hn, h)};
 }
 
 }  // namespace
