@@ -70,3 +70,41 @@ def test_cached_constants_follow_parameter_updates_and_gradients(kind):
     y.sum().backward()
     missing = [n for n, p in core.named_parameters() if p.grad is None or not bool(p.grad.abs().sum() > 0)]
     assert not missing, f"{kind}: no gradient through step for {missing}"
+
+
+@pytest.mark.parametrize("kind", ["s5", "lru", "linoss", "s4d", "s4"])
+def test_dense_step_is_the_elementwise_step_as_one_matrix(kind):
+    """The real-view step's dense map (what the exported stream model runs, for a state shared across channels)
+    equals the elementwise ops it is read off, for states and inputs it was not read off at; with gradients asked
+    for, the step keeps the ops. Per-channel states (S4D, S4) keep their elementwise ops."""
+    core = _core(kind, torch.float64)
+    with torch.no_grad():
+        form = core.stream()
+        assert (form.dense is None) == form.per_channel
+        h = torch.randn(5, *form.state_shape(), dtype=torch.float64)
+        x = torch.randn(5, 4, dtype=torch.float64)
+        y, new = form.step(x, h)
+        y_ops, new_ops = form._ops(x, h)
+        torch.testing.assert_close(y, y_ops, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(new, new_ops, rtol=1e-12, atol=1e-12)
+        if kind != "linoss":  # a state of another precision: the elementwise ops, promoted (LinOSS's einsums do not)
+            torch.testing.assert_close(form.step(x, h.float())[1], new_ops, rtol=1e-6, atol=1e-6)
+    real = torch.randn(2, *form.state_shape(), dtype=torch.float64)
+    with_grad = core.stream()
+    assert with_grad.dense is None  # backpropagated: the ops, whose gradients reach the parameters
+    y, new = core.step(x[:2], {"h": real})
+    (y.sum() + new["h"].sum()).backward()
+    assert all(p.grad is not None for p in core.parameters())
+    torch.testing.assert_close(y.detach(), form.step(x[:2], real)[0], rtol=1e-12, atol=1e-12)
+
+
+def test_a_large_state_keeps_the_elementwise_step():
+    """Past ``DENSE_MACS`` the dense map would cost more than the ops it replaces: none is built."""
+    from zoo_core import stream
+
+    big = get_registry().core("s5").load()(d_model=4, d_state=256)
+    with torch.no_grad():
+        form = big.stream()
+        assert form.dense is None and (2 * 256 + 4) ** 2 > stream.DENSE_MACS
+        h = torch.randn(2, *form.state_shape())
+        torch.testing.assert_close(form.step(torch.randn(2, 4), h)[1].shape, h.shape)

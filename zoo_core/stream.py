@@ -11,27 +11,66 @@ those real views: ``zoo_core.export``).
 
 Three forms: ``DiagStream`` (S4D, S5, LRU: a diagonal complex update), ``DPLRStream`` (S4: the
 bilinear diagonal-plus-low-rank step) and ``BlockStream`` (LinOSS: real 2×2 oscillator blocks driven
-by a complex input map). Each ``step`` works on the state's real view; ``step_state`` takes the
-complex state or its real view and returns the new state in the same form.
+by a complex input map). Each ``step`` works on the state's real view, in as few ops as the form
+allows (the exported stream model's nodes: one matrix product for a state shared across channels,
+``_Stream``); ``step_state`` takes the complex state or its real view and returns the new state in the
+same form.
 
 Shapes: B batch, H channels (d_model), P states (M: S4's half state, K = 2: an oscillator's pair).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from math import prod
+from typing import TypeVar
 
 import torch
 from torch import Tensor
 
 from .kernels.dplr import StepMatrices
 
+S = TypeVar("S", bound="_Stream")
+
 
 class _Stream:
-    """``step_state`` over a real-view ``step``: the complex state is viewed as real (free) and back."""
+    """``step`` and ``step_state`` over a form's elementwise ``_ops`` and, for a state shared across
+    channels, its dense map.
+
+    Each form is linear in (state, input): (h, x) -> (h', y) with no constant term. Where one state is
+    shared by all channels (S5, LRU, LinOSS), ``densified`` reads that map off the elementwise step once
+    (by stepping the unit vectors) into one matrix ``dense`` (S+H, S+H) on [h flattened, x], and the
+    real-view ``step`` is one matrix product: that is what the exported stream model runs, where every
+    node costs about as much as a small product (onnxruntime on this machine: 0.7 µs a node, a 64×64
+    product 0.8 µs, 160×160 2.6 µs; ``benchmarks/findings/REPORT_STREAM.md``). Per channel (S4D, S4) the
+    maps would be H small products, which onnxruntime runs one by one (11 µs for 32 of 33×33): those
+    forms stay elementwise, in few ops. The eager step keeps the complex form or the fused kernel."""
+
+    dense: Tensor | None = None
+    d: Tensor
+
+    @property
+    def per_channel(self) -> bool:
+        """Whether each channel has its own state (S4D, S4) rather than one state shared by all (S5, LRU, LinOSS)."""
+        raise NotImplementedError
+
+    def state_shape(self) -> tuple[int, ...]:
+        """One stream's state, as its real view (without the batch)."""
+        raise NotImplementedError
+
+    def _ops(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        """The step in elementwise ops: x (B, H) in the constants' dtype, h the state's real view."""
+        raise NotImplementedError
 
     def step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
-        raise NotImplementedError
+        """x_t (B, H), h the state's real view -> (y (B, H) in the constants' dtype, h' in h's layout)."""
+        x = x_t if x_t.dtype == self.d.dtype else x_t.to(self.d.dtype)
+        m = self.dense
+        if m is None or h.dtype != m.dtype:  # a state of another precision: elementwise ops promote, a product does not
+            return self._ops(x, h)
+        n = m.shape[0] - x.shape[-1]
+        out = torch.cat((h.reshape(-1, n), x), -1) @ m  # [h, x] @ M -> [h', y]
+        return out[:, n:], out[:, :n].reshape(-1, *h.shape[1:]).contiguous()  # a state as init_state lays it out
 
     def step_complex(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         """``step`` on a complex state (the eager one): through its real view unless a form has fewer ops."""
@@ -41,6 +80,30 @@ class _Stream:
     def step_state(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         """``step`` for a complex state or its real view, returning the new state in the same form."""
         return self.step_complex(x_t, h) if h.is_complex() else self.step(x_t, h)
+
+
+#: the largest dense map ``densified`` builds, in multiply-adds per stream per step (about 180×180):
+#: beyond it the product costs more than the per-node overhead of the elementwise ops it replaces
+DENSE_MACS = 1 << 15
+
+
+def densified(form: S) -> S:
+    """``form`` (a state shared across channels) with its dense map (``_Stream``), where that map is small
+    (``DENSE_MACS``), nothing traces (a compiled graph fuses the elementwise ops itself) and no gradient
+    is asked of its constants (the map is read off under ``no_grad``: a step that is backpropagated keeps
+    the elementwise ops; the skip ``d`` is the parameter itself, so a form made under ``no_grad`` is
+    densified)."""
+    shape, channels = form.state_shape(), form.d.shape[0]
+    n = prod(shape)
+    tensors = [v for v in vars(form).values() if isinstance(v, Tensor)]
+    if form.per_channel or (n + channels) ** 2 > DENSE_MACS or torch.compiler.is_compiling() \
+            or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        return form
+    with torch.no_grad():  # rows: the unit states, then the unit inputs
+        eye = torch.eye(n + channels, dtype=form.d.dtype, device=form.d.device)
+        y, new = form._ops(eye[:, n:], eye[:, :n].reshape(-1, *shape))
+        m = torch.cat((new.reshape(n + channels, n), y), -1)
+    return replace(form, dense=m.contiguous())  # type: ignore[type-var]
 
 
 def _real(*tensors: Tensor) -> tuple[Tensor, ...]:
@@ -71,10 +134,14 @@ class DiagStream(_Stream):
     a_r: Tensor  # ā's real view (..., 2), contiguous: what the fused block kernel reads (zoo_core.nn.lean)
     b_c: Tensor | None
     c_conj: Tensor | None
+    dense: Tensor | None = None  # the step as one matrix (``_Stream``, ``densified``), where small
 
     @property
     def per_channel(self) -> bool:
         return self.same.dim() == 3
+
+    def state_shape(self) -> tuple[int, ...]:
+        return tuple(self.same.shape)
 
     @staticmethod
     def of(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> DiagStream:
@@ -90,13 +157,11 @@ class DiagStream(_Stream):
             c_conj = torch.view_as_complex(c.contiguous()).conj().resolve_conj()
             return DiagStream(same, swap, b.contiguous(), signed, d, a_c, a, torch.view_as_complex(b.contiguous()), c_conj)
         H = b.shape[1]
-        return DiagStream(same, swap, b.transpose(0, 1).reshape(H, -1), signed.reshape(H, -1).T.contiguous(), d,
-                          a_c, a, None, None)
+        return densified(DiagStream(same, swap, b.transpose(0, 1).reshape(H, -1), signed.reshape(H, -1).T.contiguous(),
+                                    d, a_c, a, None, None))
 
-    def step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
-        """x_t (B, H) real, h the state's real view ((B, H, P, 2) per channel, else (B, P, 2)) ->
-        (y (B, H) in the constants' dtype, h' in h's layout)."""
-        x = x_t if x_t.dtype == self.d.dtype else x_t.to(self.d.dtype)
+    def _ops(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        """x (B, H), h the state's real view ((B, H, P, 2) per channel, else (B, P, 2))."""
         u = self.b * x.view(*x.shape, 1, 1) if self.per_channel else (x @ self.b).view(h.shape)
         new = torch.addcmul(torch.addcmul(u, self.same, h), self.swap, h.flip(-1))  # few ops: a token's cost is per op
         y = (self.c * new).sum((-2, -1)) if self.per_channel else new.flatten(-2) @ self.c
@@ -118,39 +183,55 @@ class DiagStream(_Stream):
 
 @dataclass(frozen=True)
 class DPLRStream(_Stream):
-    """S4's bilinear step on the half state (``zoo_core.kernels.dplr.DPLRStep.step``), real views:
-    x ← (2/Δ + Λ) x − P·2Re(P* x) + 2B u; x ← D (x − P·2Re(R x)); y = 2Re(C x) + d ⊙ u.
+    """S4's bilinear step on the half state (``zoo_core.kernels.dplr.DPLRStep.step``):
+    x ← E x − P·2Re(P* x) + B₂ u; x ← D (x − P·2Re(R x)); y = 2Re(C x) + d ⊙ u (E, D diagonal).
 
-    Attributes: ``mats``, the ``StepMatrices`` with every field as its real view (H, M, 2); ``d`` (H,).
+    Expanded once, the two half-steps are one diagonal-plus-rank-one step: with α = 2Re(Σ R P) and
+    β = 2Re(Σ R B₂) per channel, x' = (D E) x − (D P) s + b̄ u where s = 2Re(Σ w x),
+    w = (1 − α) P̄ + R E and b̄ = D B₂ − β D P. On real views that is 15 elementwise ops a step (the
+    exported stream model's nodes) where the two half-steps took about 50.
+
+    Attributes: ``mats``, the ``StepMatrices`` with every field as its real view (H, M, 2) (the fused
+    kernel's); ``d`` (H,); the expanded step's real views (H, M, 2): ``same`` and ``swap`` of D E (as
+    ``DiagStream``'s), ``w`` signed (2Re(w x) = Σ w ⊙ x), ``dp``, ``bbar``, ``c`` signed (2Re(C x)).
     """
 
     mats: StepMatrices
     d: Tensor
+    same: Tensor
+    swap: Tensor
+    w: Tensor
+    dp: Tensor
+    bbar: Tensor
+    c: Tensor
+
+    @property
+    def per_channel(self) -> bool:
+        return True
+
+    def state_shape(self) -> tuple[int, ...]:
+        return tuple(self.mats.E.shape)
 
     @staticmethod
     def of(mats: StepMatrices, d: Tensor) -> DPLRStream:
         """From complex ``StepMatrices`` and the skip ``d``."""
-        return DPLRStream(StepMatrices(*_real(*mats)), d)
+        E, D, P, B2, R, C = mats
+        alpha = 2 * (R * P).real.sum(-1, keepdim=True)  # (H, 1)
+        beta = 2 * (R * B2).real.sum(-1, keepdim=True)
+        a, dp = torch.view_as_real(D * E), D * P
+        w = torch.view_as_real((1 - alpha) * P.conj() + R * E)
+        c = torch.view_as_real(C)
+        return DPLRStream(StepMatrices(*_real(*mats)), d, torch.stack((a[..., 0], a[..., 0]), -1),
+                          torch.stack((-a[..., 1], a[..., 1]), -1), torch.stack((2 * w[..., 0], -2 * w[..., 1]), -1),
+                          torch.view_as_real(dp), torch.view_as_real(D * B2 - beta * dp),
+                          torch.stack((2 * c[..., 0], -2 * c[..., 1]), -1))
 
-    def step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
-        """x_t (B, H), h (B, H, M, 2) -> (y (B, H), h' (B, H, M, 2))."""
-        m = self.mats
-        u = x_t.to(self.d.dtype)[..., None]  # (B, H, 1)
-        hr, hi = h.unbind(-1)
-        er, ei = m.E.unbind(-1)
-        pr, pi = m.P.unbind(-1)
-        br, bi = m.B2.unbind(-1)
-        q = 2 * (pr * hr + pi * hi).sum(-1, keepdim=True)  # 2 Re(conj(P) x), (B, H, 1)
-        xr = er * hr - ei * hi - pr * q + br * u
-        xi = er * hi + ei * hr - pi * q + bi * u
-        rr, ri = m.R.unbind(-1)
-        r = 2 * (rr * xr - ri * xi).sum(-1, keepdim=True)  # 2 Re(R x)
-        xr, xi = xr - pr * r, xi - pi * r
-        dr, di = m.D.unbind(-1)
-        nr, ni = dr * xr - di * xi, dr * xi + di * xr
-        cr, ci = m.C.unbind(-1)
-        y = 2 * (cr * nr - ci * ni).sum(-1)  # (B, H)
-        return y + self.d * u[..., 0], torch.stack((nr, ni), -1)
+    def _ops(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        """x (B, H), h (B, H, M, 2) -> (y (B, H), h' (B, H, M, 2))."""
+        u = x.reshape(*x.shape, 1, 1)
+        s = (self.w * h).sum((-2, -1), keepdim=True)  # 2 Re(w x), (B, H, 1, 1)
+        new = torch.addcmul(self.same * h, self.swap, h.flip(-1)) - self.dp * s + self.bbar * u
+        return torch.addcmul((self.c * new).sum((-2, -1)), self.d, x), new
 
 
 @dataclass(frozen=True)
@@ -163,14 +244,21 @@ class BlockStream(_Stream):
     b: Tensor
     c: Tensor
     d: Tensor
+    dense: Tensor | None = None  # the step as one matrix (``_Stream``, ``densified``), where small
+
+    @property
+    def per_channel(self) -> bool:
+        return False
+
+    def state_shape(self) -> tuple[int, ...]:
+        return (*self.a.shape[:2], 2)
 
     @staticmethod
     def of(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> BlockStream:
         b, c = _real(b, c)
-        return BlockStream(a, b, c, d)
+        return densified(BlockStream(a, b, c, d))
 
-    def step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
-        x = x_t.to(self.d.dtype)
+    def _ops(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         hr, hi = h.unbind(-1)  # (B, P, K)
         br, bi = self.b.unbind(-1)  # (P, H, K)
         nr = torch.einsum("pij,bpj->bpi", self.a, hr) + torch.einsum("bh,phk->bpk", x, br)

@@ -11,12 +11,14 @@ a core's discretised constants are cached by ``CoreBase.cached``).
 
 When it is used: ``SequenceModel.step`` in eval mode with gradients off (``torch.no_grad`` or
 ``torch.inference_mode``), for a plain stream (``init_state``'s state: no input reshaping, no adaptive
-depth). Training mode or gradients on take the general path (dropout draws, backpropagation through
-the step). The plan is rebuilt when the module tree changes (a module replaced or added) and is not
-used while any of its modules has a forward hook or is in training mode (a hook must run; the general
-path runs it). Anything the plan does not know how to flatten is called as the module it is; so the
-plan equals the general path for every model, and ``tests/test_lean_step.py`` checks outputs and
-states against it for every spec.
+depth). Training mode or gradients on take the general path (dropout draws, backpropagation through the
+step). While ``torch.export`` traces (``zoo export --mode stream``), the plan is what is exported, each
+block as separate ops (the fused kernel is opaque to export): an edge runtime then dispatches the plan's
+few nodes rather than the general path's reshaping around every layer. The plan is rebuilt when the
+module tree changes (a module replaced or added) and is not used while any of its modules has a forward
+hook or is in training mode (a hook must run; the general path runs it). Anything the plan does not know
+how to flatten is called as the module it is; so the plan equals the general path for every model, and
+``tests/test_lean_step.py`` checks outputs and states against it for every spec.
 
 Letters: B batch, D raw input channels, H model width, O outputs.
 """
@@ -111,8 +113,8 @@ def fused_block(block: Block, norm: nn.Module, aten: Position) -> Position | Non
     ``step`` is the one written beside it: S4D, S5, LRU, S4, LinOSS; LayerNorm, RMSNorm, a batch norm in
     eval or none; the usual activations; GLU, linear or no output map, all of exactly these module
     types); None where they are not. At each call, what the kernel does not take (another dtype or
-    device, a state of another precision, an activation changed since) goes to ``aten``, the same maths
-    in separate ops. Without a C++ toolchain it is None, said once."""
+    device, a state of another precision, an activation changed since, an export's trace) goes to
+    ``aten``, the same maths in separate ops. Without a C++ toolchain it is None, said once."""
     core = block.core
     stats = _norm_stats(norm)
     norm_code = 3 if stats is not None else _NORMS.get(type(norm))
@@ -139,6 +141,7 @@ def fused_block(block: Block, norm: nn.Module, aten: Position) -> Position | Non
         act = _act_code(block.act)
         dtype = s.d.dtype
         if got is None or act is None or one_sided or hs is None or len(state) != 1 or h.dtype != dtype \
+                or torch.compiler.is_exporting() \
                 or h.device.type != "cpu" or hs.dtype != (complex_dtype(dtype) if hs.is_complex() else dtype):
             return aten(h, state)
         eps = getattr(affine, "eps", None)
@@ -283,13 +286,16 @@ class LeanStep:
         return pool.finish(mean, hn, self.head), ModelState(state.t + 1, layers, {depth: kept})
 
 
-def lean_applies(model: SequenceModel, x_t: Tensor, state: ModelState) -> bool:
+def lean_applies(model: SequenceModel, x_t: Tensor, state: ModelState, *, exporting: bool = False) -> bool:
     """Whether a step may go to the plan at all: a plain stream (no reshaping buffer, no adaptive depth,
     one state per position, the pool's state present), no autocast (its casts are the general path's),
-    no dispatch mode (FLOP counting, fake tensors: they must see every op, and the kernel is opaque)."""
+    no dispatch mode (FLOP counting, fake tensors: they must see every op, and the kernel is opaque),
+    except while ``torch.export`` traces (its fake tensors see the plan's separate ops: ``fused_block``
+    steps aside)."""
     return state.reshape is None and state.adaptive is None and len(state.layers) == model.stack.depth \
         and (model.pool.per_step or model.stack.depth in state.pools) \
-        and not torch.is_autocast_enabled(x_t.device.type) and _python_dispatch._get_current_dispatch_mode() is None
+        and not torch.is_autocast_enabled(x_t.device.type) \
+        and (exporting or _python_dispatch._get_current_dispatch_mode() is None)
 
 
 def lean_plan(model: SequenceModel) -> LeanStep | None:

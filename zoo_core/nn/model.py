@@ -240,10 +240,13 @@ class SequenceModel(nn.Module):
         """One raw time step: x_t is (B, D) features or (B,) tokens; returns (B, O) and the new state.
 
         In eval mode with gradients off, a plain stream takes the lean plan (``zoo_core.nn.lean``): the
-        same maths without the general path's Python (not while ``torch.compile`` or ``torch.export``
-        traces, under autocast, or under a dispatch mode such as FLOP counting: those see the general
-        path's ops)."""
-        if not (self.training or torch.is_grad_enabled() or torch.compiler.is_compiling()) and lean_applies(self, x_t, state):
+        same maths without the general path's Python (not while ``torch.compile`` traces, under autocast,
+        or under a dispatch mode such as FLOP counting: those see the general path's ops). While
+        ``torch.export`` traces, the plan's separate ops are what is exported (fewer nodes for an edge
+        runtime to dispatch)."""
+        exporting = torch.compiler.is_exporting()
+        if not (self.training or torch.is_grad_enabled() or (torch.compiler.is_compiling() and not exporting)) \
+                and lean_applies(self, x_t, state, exporting=exporting):
             plan = lean_plan(self)
             if plan is not None:
                 return plan.step(self, x_t, state)
