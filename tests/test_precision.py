@@ -162,3 +162,20 @@ def test_footprint_still_measures_on_meta(spec):
     model = build_model(loaded, device="meta")
     _, method = activation_bytes(loaded, model, 8, 64)
     assert method.startswith("peak of meta-device forwards"), method
+
+
+def test_zoo_eval_scores_a_float32_model_under_bf16_autocast(tmp_path, no_network):
+    """``zoo eval --precision bf16-mixed``: the bundled LRU tag scored under bfloat16 autocast, recorded as such,
+    within a few points of its float32 score (its recurrence stays in float32)."""
+    from zoo_core.cli.zoo import main
+    from zoo_core.errors import SpecError
+    from zoo_core.train import evaluate_model
+
+    full = evaluate_model("lru-aaaaaa.japanesevowels", device="cpu", output=tmp_path / "fp32.json")
+    assert main(["eval", "lru-aaaaaa.japanesevowels", "--device", "cpu", "--precision", "bf16-mixed",
+                 "-o", str(tmp_path / "bf16.json")]) == 0
+    half = json.loads((tmp_path / "bf16.json").read_text())
+    assert half["precision"] == "bf16-mixed" and full["precision"] == "32"
+    assert abs(half["fixed_depth"]["accuracy"] - full["fixed_depth"]["accuracy"]) < 0.05
+    with pytest.raises(SpecError, match="bf16-mixed"):
+        evaluate_model("lru-aaaaaa.japanesevowels", device="cpu", precision="bf16")

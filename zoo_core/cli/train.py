@@ -81,7 +81,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     metrics = evaluate_model(args.model_dir, dataset=args.dataset, split=args.split, protocol=args.protocol, seed=args.seed,
                              adaptive=args.adaptive, adaptive_options={k: v for k, v in options.items() if v is not None},
                              batch_size=args.batch_size, device=args.device, output=args.output,
-                             allow_overlap=args.allow_overlap)
+                             allow_overlap=args.allow_overlap, precision=args.precision)
     print(json.dumps(metrics, indent=2))
     return 0
 
@@ -131,6 +131,8 @@ def register_cli(sub: Any) -> None:
     e.add_argument("--batch-size", type=int, default=256)
     e.add_argument("--device", default="auto")
     e.add_argument("-o", "--output", help="metrics JSON path (default: beside the model folder)")
+    e.add_argument("--precision", choices=("32", "bf16-mixed", "16-mixed"), default="32",
+                   help="score under autocast as zoo train --precision trains: what serving in half precision costs")
     e.add_argument("--allow-overlap", action="store_true",
                    help="score a split that holds sequences the model trained on (refused by default; warned and recorded)")
     e.set_defaults(fn=cmd_eval)

@@ -23,6 +23,7 @@ from ..factory import load_pretrained
 from ..hub.pulling import resolve_folder
 from ..io.atomic import atomic_write_file
 from ..logs import log_once
+from ..precision import autocast_for, parse_precision
 from ..spec import load_spec
 from .ddp import pick_device
 from .loop import _batch, evaluate, per_sample_loss, to_tensors
@@ -246,6 +247,7 @@ def evaluate_model(
     device: str = "auto",
     output: str | Path | None = None,
     allow_overlap: bool = False,
+    precision: str = "32",
 ) -> dict[str, Any]:
     """Score a model on one split; returns the metrics and writes them as JSON.
 
@@ -256,6 +258,10 @@ def evaluate_model(
     A split that holds sequences the model was trained on (another protocol or seed than its
     training's) is refused with ``SplitOverlapError`` unless ``allow_overlap``, which scores it with
     a warning and records the overlap in the metrics.
+
+    ``precision`` scores under ``zoo train --precision``'s autocast (``bf16-mixed``, ``16-mixed``; the
+    cores keep their recurrences in float32): what a model trained in float32 loses when served in half
+    precision. It is recorded in the metrics and, when not 32, in the default file name.
     """
     if split not in SPLITS:
         raise SpecError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
@@ -263,18 +269,27 @@ def evaluate_model(
     model_dir = resolve_folder(model_dir).path  # a folder (recovered if a save was killed mid-swap) or a reference
     model_dir = Path(model_dir)
     ctx = run_context(model_dir)
+    try:
+        precision = parse_precision(precision)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
     model, ds, data, protocol, seed, overlap = model_split(model_dir, dataset=dataset, split=split, protocol=protocol,
                                                            seed=seed, device=device, allow_overlap=allow_overlap)
+    on = next(iter(model.parameters())).device
+    with autocast_for(precision, on):
+        fixed = evaluate(model, data, ds.info.task, batch_size)
     metrics: dict[str, Any] = {"model": str(model_dir), "dataset": ds.info.name, "split": split, "protocol": protocol, "seed": seed,
-                               "sequences": int(data["X"].shape[0]), "fixed_depth": evaluate(model, data, ds.info.task, batch_size)}
+                               "sequences": int(data["X"].shape[0]), "precision": precision, "fixed_depth": fixed}
     if overlap is not None:
         metrics["overlap_with_training"] = overlap
     if adaptive:
-        metrics["adaptive"] = adaptive_metrics(model.eval(), data, ds.info.task, batch_size, **(adaptive_options or {}))
+        with autocast_for(precision, on):
+            metrics["adaptive"] = adaptive_metrics(model.eval(), data, ds.info.task, batch_size, **(adaptive_options or {}))
         metrics["adaptive"]["options"] = adaptive_options or {}
     if output is None and not ctx:
         return metrics  # a pulled or bundled model: nothing is written into the cache or the repository
-    path = Path(output) if output else model_dir.parent / f"eval-{ds.info.name}-{split}{'-adaptive' if adaptive else ''}.json"
+    suffix = ("-adaptive" if adaptive else "") + ("" if precision == "32" else f"-{precision}")
+    path = Path(output) if output else model_dir.parent / f"eval-{ds.info.name}-{split}{suffix}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_file(path, (json.dumps(metrics, indent=1) + "\n").encode())
     metrics["written_to"] = str(path)
