@@ -258,11 +258,15 @@ class CoreBase(nn.Module):
             return make()
         store = self.__dict__.setdefault("_zoo_cache", {})
         params = _own_parameters(self)
-        if (torch.is_grad_enabled() and any(p.requires_grad for p in params)) or any(p.is_inference() for p in params):
-            return make()  # inference tensors have no version to key on
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            return make()
         # dt_scale, where a core has one, is the setting a cached discretisation depends on beyond its parameters
-        # (the parameters themselves are kept with the value, so their ids cannot be reused while it is)
-        key = (getattr(self, "dt_scale", None), *((id(p), p.data_ptr(), p._version, p.dtype, p.device) for p in params))
+        # (the parameters themselves are kept with the value, so their ids cannot be reused while it is); one
+        # pass over the parameters, as this runs at every streaming step (get_device: p.device costs a new object)
+        try:
+            key = (getattr(self, "dt_scale", None), *[(id(p), p.data_ptr(), p._version, p.dtype, p.get_device()) for p in params])
+        except RuntimeError:  # an inference tensor has no version counter to key on
+            return make()
         hit = store.get(name)
         if hit is not None and hit[0] == key:
             return hit[1]
