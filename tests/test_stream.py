@@ -105,6 +105,19 @@ def test_a_large_state_keeps_the_elementwise_step():
     big = get_registry().core("s5").load()(d_model=4, d_state=256)
     with torch.no_grad():
         form = big.stream()
-        assert form.dense is None and (2 * 256 + 4) ** 2 > stream.DENSE_MACS
+        n = 1
+        for size in form.state_shape():  # the real view of d_state / 2 complex states
+            n *= size
+        assert form.dense is None and (n + 4) ** 2 > stream.DENSE_MACS
         h = torch.randn(2, *form.state_shape())
         torch.testing.assert_close(form.step(torch.randn(2, 4), h)[1].shape, h.shape)
+
+
+def test_inference_tensors_keep_the_elementwise_step():
+    """A core made under inference_mode cannot cache its form (its parameters have no version counter), so the
+    dense map, read off at every step, would cost more than it saves: none is built."""
+    with torch.inference_mode():
+        core = _core("s5")
+        assert core.stream().dense is None
+        y, _ = core.step(torch.randn(2, 4), core.init_state(2))
+        assert y.shape == (2, 4)

@@ -66,9 +66,11 @@ class _Stream:
         """x_t (B, H), h the state's real view -> (y (B, H) in the constants' dtype, h' in h's layout)."""
         x = x_t if x_t.dtype == self.d.dtype else x_t.to(self.d.dtype)
         m = self.dense
-        if m is None or h.dtype != m.dtype:  # a state of another precision: elementwise ops promote, a product does not
+        # a state of another precision: elementwise ops promote, a product does not; under autocast the product
+        # would run in half precision (a core's step turns autocast off: this is for a form stepped directly)
+        if m is None or h.dtype != m.dtype or torch.is_autocast_enabled(h.device.type):
             return self._ops(x, h)
-        n = m.shape[0] - x.shape[-1]
+        n = prod(h.shape[1:])
         out = torch.cat((h.reshape(-1, n), x), -1) @ m  # [h, x] @ M -> [h', y]
         return out[:, n:], out[:, :n].reshape(-1, *h.shape[1:]).contiguous()  # a state as init_state lays it out
 
@@ -92,12 +94,15 @@ def densified(form: S) -> S:
     (``DENSE_MACS``), nothing traces (a compiled graph fuses the elementwise ops itself) and no gradient
     is asked of its constants (the map is read off under ``no_grad``: a step that is backpropagated keeps
     the elementwise ops; the skip ``d`` is the parameter itself, so a form made under ``no_grad`` is
-    densified)."""
+    densified, and a caller who keeps such a form and steps it with gradients on gets none for ``d``:
+    ``core.step`` asks ``stream()`` afresh, which is what a gradient needs). Not for inference tensors:
+    ``CoreBase.cached`` cannot keep a form of them, so the map would be read off at every step."""
     shape, channels = form.state_shape(), form.d.shape[0]
     n = prod(shape)
     tensors = [v for v in vars(form).values() if isinstance(v, Tensor)]
     if form.per_channel or (n + channels) ** 2 > DENSE_MACS or torch.compiler.is_compiling() \
-            or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+            or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) \
+            or any(t.is_inference() for t in tensors):
         return form
     with torch.no_grad():  # rows: the unit states, then the unit inputs
         eye = torch.eye(n + channels, dtype=form.d.dtype, device=form.d.device)

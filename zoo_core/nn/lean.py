@@ -114,7 +114,8 @@ def fused_block(block: Block, norm: nn.Module, aten: Position) -> Position | Non
     eval or none; the usual activations; GLU, linear or no output map, all of exactly these module
     types); None where they are not. At each call, what the kernel does not take (another dtype or
     device, a state of another precision, an activation changed since, an export's trace) goes to
-    ``aten``, the same maths in separate ops. Without a C++ toolchain it is None, said once."""
+    ``aten``, the same maths in separate ops (the block before the stack's damping, as the kernel).
+    Without a C++ toolchain it is None, said once."""
     core = block.core
     stats = _norm_stats(norm)
     norm_code = 3 if stats is not None else _NORMS.get(type(norm))
@@ -251,21 +252,23 @@ class LeanStep:
         norm_fn, act, out = function_of(norm), function_of(block.act), function_of(block.out)
         core = block.core
 
-        def residual_block(h: Tensor, state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        def undamped(h: Tensor, state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+            """The block in separate ops, before the stack's damping (what the fused kernel computes)."""
             prenorm = block.prenorm
             y, new = core.step(_apply(norm_fn, h) if prenorm else h, state)
             y = _apply(out, _apply(act, y))
             z = h + y if block.residual else y
-            return damp(h, z if prenorm else _apply(norm_fn, z)), new
+            return (z if prenorm else _apply(norm_fn, z)), new
 
-        fused = fused_block(block, norm, residual_block)
-        if fused is None:
-            return residual_block
+        # the kernel, or where it declines the separate ops, then the damping: once either way
+        block_step = fused_block(block, norm, undamped) or undamped
 
-        def fused_residual_block(h: Tensor, state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-            z, new = fused(h, state)
+        def residual_block(h: Tensor, state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+            z, new = block_step(h, state)
             return damp(h, z), new
-        return fused_residual_block
+        if block_step is not undamped:  # named for what it runs (tests and a debugger read it)
+            residual_block.__name__ = "fused_residual_block"
+        return residual_block
 
     def step(self, model: SequenceModel, x_t: Tensor, state: ModelState) -> tuple[Tensor, ModelState]:
         """``model``'s raw step of a plain stream: x_t (B, D) or tokens (B,) -> ((B, O), the new state)."""

@@ -265,14 +265,14 @@ def evaluate_model(
     """
     if split not in SPLITS:
         raise SpecError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    try:  # before a reference is resolved (which may pull it)
+        precision = parse_precision(precision)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
 
     model_dir = resolve_folder(model_dir).path  # a folder (recovered if a save was killed mid-swap) or a reference
     model_dir = Path(model_dir)
     ctx = run_context(model_dir)
-    try:
-        precision = parse_precision(precision)
-    except ValueError as exc:
-        raise SpecError(str(exc)) from None
     model, ds, data, protocol, seed, overlap = model_split(model_dir, dataset=dataset, split=split, protocol=protocol,
                                                            seed=seed, device=device, allow_overlap=allow_overlap)
     on = next(iter(model.parameters())).device
