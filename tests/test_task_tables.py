@@ -193,3 +193,16 @@ def test_a_companion_sweep_adds_a_width_table_beside_the_main_cells(tmp_path: Pa
         assert (tmp_path / "plots" / "toy-accuracy-vs-width.png").is_file()
     task.companion = None  # no companion: no width table
     assert "by model width" not in mt.render([task], [], **kw)
+
+
+@pytest.mark.parametrize("sweep_file", sorted((Path(__file__).parents[1] / "benchmarks/tasks/sweeps").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_every_committed_task_sweep_builds_its_models(sweep_file: Path) -> None:
+    """A sweep file in the repository loads, and each core's merged spec builds (one cell per core)."""
+    from zoo_core.sweep.config import load_sweep
+
+    sweep = load_sweep(sweep_file)
+    assert sweep.cells
+    for cell in {c.spec_label: c for c in sweep.cells}.values():
+        model = build_model(cell.spec, seed=0)
+        assert sum(p.numel() for p in model.parameters()) > 0, cell.key

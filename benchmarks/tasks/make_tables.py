@@ -33,7 +33,7 @@ from zoo_core.sweep.results import latest
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-SWEEPS = ("induction-heads", "selective-copying", "mqar-small")  # the order of TASKS.md's sections
+SWEEPS = ("induction-heads", "selective-copying", "mqar-small", "listops")  # the order of TASKS.md's sections
 # Sweeps that vary one axis of a section's model, read into that section (not sections of their own):
 # section -> (sweep, axis, the section's own value of it)
 COMPANIONS = {"mqar-small": ("mqar-width", "width", "64")}
@@ -42,8 +42,10 @@ TITLES = {
     "induction-heads": "Induction heads",
     "selective-copying": "Selective copying",
     "mqar-small": "MQAR (multi-query associative recall), small",
+    "listops": "ListOps (Long Range Arena), CPU lengths",
 }
-CARDS = {"induction-heads": "induction-heads", "selective-copying": "selective-copying", "mqar-small": "mqar"}
+CARDS = {"induction-heads": "induction-heads", "selective-copying": "selective-copying", "mqar-small": "mqar",
+         "listops": "listops"}
 WHAT = {
     "induction-heads": "Random content tokens (14 of a 16-token vocabulary) hold one special token followed by a "
                        "token X; the sequence ends with the special token again and the model must output X (one "
@@ -55,6 +57,9 @@ WHAT = {
     "mqar-small": "Key–value pairs followed by queries of some of the keys (placed by Zoology's power law); the "
                   "model must output each queried key's value (Zoology). Vocabulary 64, trained on (length, pairs) "
                   "(32, 2) and (64, 4), tested on (32, 2), (32, 4), (64, 8), (128, 16).",
+    "listops": "Nested MAX/MIN/MED/SUM_MOD expressions of single digits in LRA's grammar (depth ≤ 10, ≤ 10 "
+               "arguments), the label their value (10 classes), read as a token sequence and classified from the "
+               "mean of the outputs; 101–299 tokens (`ListOps`; LRA's own lengths are `ListOps-LRA`).",
 }
 SCALE = {
     "induction-heads": "Mamba paper: 2 layers, D = 64 (Mamba) or 128 (the others), 25 epochs × 8,192 steps at batch "
@@ -66,6 +71,10 @@ SCALE = {
     "mqar-small": "Zoology: vocabulary 8,192, lengths 64–512 with 4–64 pairs, widths 64–512, the best of 4 learning "
                   "rates. Here: vocabulary 64, lengths 32–128, width 64, one learning rate (3e-3), 6,000 training "
                   "sequences, at most 24 epochs at batch 32 (≤ 4,500 steps), stopped once validation reaches 100 %.",
+    "listops": "LRA: 501–1,999 tokens, 96,000 training sequences, 6-layer models (LRU's setup), "
+               "tens of epochs. Here: 101–299 tokens, 10,000 training sequences, the 2-block width-64 classifier "
+               "(`benchmarks/tasks/specs/cls-2layer.yaml`), AdamW (weight decay 0.01), lr 3e-3, at most 6 epochs "
+               "at batch 32 (≤ 1,900 steps), early stopping after 3.",
 }
 
 # Our core label -> the published rows that report that model on the task: (model in published.yaml,
@@ -83,8 +92,16 @@ PUBLISHED_FOR: dict[str, dict[str, list[tuple[str, str | None, str]]]] = {
         "attention": [("Attention", "model dimension 64;", "attention, d = 64, L = 64–512, vocab 8,192")],
         "mamba": [("Mamba", None, "Mamba, state 2e4–1e5, vocab 8,192")],
     },
+    "listops": {
+        "s4": [("S4", None, "S4, LRA")],
+        "s4d": [("S4D-LegS (paper results, as cited by LRU)", None, "S4D-LegS, LRA")],
+        "s5": [("S5 (paper results, as cited by LRU)", None, "S5, LRA")],
+        "lru": [("LRU", None, "LRU, LRA")],
+        "attention": [("Transformer", None, "Transformer, LRA")],
+    },
 }
-PUBLISHED_TASK = {"induction-heads": "induction-heads", "selective-copying": "selective-copying", "mqar-small": "mqar"}
+PUBLISHED_TASK = {"induction-heads": "induction-heads", "selective-copying": "selective-copying", "mqar-small": "mqar",
+                  "listops": "ListOps-LRA"}
 # published rows beside the extrapolation table: (model in published.yaml, the name to print)
 PUBLISHED_EXTRAPOLATION = {"induction-heads": [("Mamba", "Mamba (paper, 74K params)"),
                                                ("MHA-RoPE", "MHA-RoPE (paper, 137K)"),
@@ -308,8 +325,9 @@ def render(tasks: list[Task], published: list[dict[str, Any]], *, reading_dir: P
         "On the UEA/UCR sets every core lands within noise of the others (`benchmarks/REPRO.md`). These synthetic "
         "tasks are built to separate them: recall of a token seen long before (induction heads, MQAR) and copying "
         "only the tokens that matter among noise (selective copying), which a time-invariant state space model "
-        "cannot do by construction and an input-dependent one can (Mamba §3.1). Each task is a dataset of the "
-        "zoo-synthetic plugin; its card (definition, the paper's parameters, what changed for a CPU) is linked "
+        "cannot do by construction and an input-dependent one can (Mamba §3.1); ListOps (Long Range Arena) asks for "
+        "hierarchical structure over a few hundred steps. Each task is a dataset of the zoo-synthetic or "
+        "zoo-longrange plugin; its card (definition, the paper's parameters, what changed for a CPU) is linked "
         "in its section.",
         "",
         "**The common model.** Every core is compared in the same network, `benchmarks/tasks/specs/lm-2layer.yaml`: "
@@ -317,21 +335,23 @@ def render(tasks: list[Task], published: list[dict[str, Any]], *, reading_dir: P
         "width), each the core then a GELU and a GLU output map, a final RMSNorm and a per-step head; only the "
         "positions with a target are scored (the others are −100). The sweep files set each core's own settings "
         "(state size 16 for S4, S4D, S5, LRU, LinOSS, LrcSSM and Mamba, the `small` presets for Mamba-2/3, "
-        "RG-LRU and GDN, four heads with RoPE for attention).",
+        "RG-LRU and GDN, four heads with RoPE for attention). ListOps, a classification task, uses the same blocks "
+        "with the outputs mean-pooled into one label (`benchmarks/tasks/specs/cls-2layer.yaml`).",
         "",
         "**The protocol.** Each core × seed is one `zoo train` run: Adam, lr 3e-3, gradient clipping 1.0, batch 32, "
-        "at most 8 epochs of ~500 steps (MQAR: 24 of ~190) with early stopping after 3 (MQAR: 6) epochs without "
+        "at most 8 epochs of ~500 steps (MQAR: 24 of ~190; ListOps: AdamW, 6 of ~310) with early stopping after 3 "
+        "(MQAR: 6) epochs without "
         "improvement or as soon as validation reaches 100 % (`training.stop_at`), the model of the best validation "
         "token accuracy kept and scored on the test split (`training.protocol: official`: the generator's own "
         "train/val/test). Induction heads and selective copying train at length 64 (the `-short` variants: a "
         "quarter of the cost per step of length 256, so ~4,000 updates fit a cell; at length 256 and ~1,250 "
-        "updates every core but RG-LRU stayed at chance). The table gives the test token accuracy over the scored positions, mean ± sample std over "
+        "updates every core but RG-LRU stayed at chance). The table gives the test token accuracy over the scored positions (ListOps: label accuracy), mean ± sample std over "
         "the seeds (the count in brackets), the parameter count, and the median seconds per epoch (one thread of a "
         "shared two-core CPU, several runs at a time: a rough cost, not a speed benchmark). Published figures come "
         "from `benchmarks/tasks/published.yaml` (each with its source; `benchmarks/tasks/PUBLISHED.md` is the "
         "digest); they are at the papers' scale, listed in each section, which is much larger than ours.",
         "",
-        "**Reproduce.** Per task `X` (induction-heads, selective-copying, mqar-small):",
+        "**Reproduce.** Per task `X` (induction-heads, selective-copying, mqar-small, listops):",
         "",
         "```",
         "zoo sweep benchmarks/tasks/sweeps/X.yaml                        # resumable: finished cells are skipped",
