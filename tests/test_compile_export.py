@@ -49,9 +49,6 @@ HEAVY = {"gdn", "mamba2", "mamba3", "lrcssm", "rglru"}
 LOOP_SCAN_CORES = {"lru", "s5", "s5-bidirectional", "linoss", "rglru"}
 OPAQUE_SCANS = {"cpu-scan"}
 LENGTH_STATIC: dict[str, str] = {
-    "s4": ("the kernel is made at l_max (or at L beyond it) and sliced to the input's length, K[:, :L] "
-           "(zoo_s4/core.py _run): whether that slice is contiguous depends on L == l_max, a guard torch's "
-           "contiguity check adds (_prims_common check_contiguous_sizes_strides), so export pins L to one side"),
     "lrcssm": ("under compile/export LrcSSM runs its exact sequential loop (DEER's convergence test is "
                "data-dependent), a Python loop over time"),
 }
@@ -201,7 +198,8 @@ def test_export_forward_with_dynamic_length(name: str) -> None:
                 export_forward(core, _x(2, 9), dynamic_length=True)
             pytest.xfail(blocker)
         run = export_forward(core, _x(2, 9), dynamic_length=True).module()
-        for B, L in ((2, 9), (3, 20)):
+        bound = getattr(core, "max_export_length", None)  # S4: up to l_max, that length included
+        for B, L in ((2, 9), (3, 20), *(((2, bound),) if bound else ())):
             x = _x(B, L, seed=L)
             _close(f"exported forward (B={B}, L={L})", core(x), run(x))
 
@@ -286,3 +284,19 @@ def test_inductor_forward_and_step_match_eager(name: str) -> None:
         y, s = torch.compile(core.step, fullgraph=True)(x_t, state)
     _close("inductor step", y_ref, y)
     _states_close("inductor step state", dict(s_ref), dict(s))
+
+
+def test_a_bounded_length_stops_at_the_cores_bound() -> None:
+    """S4's forward exports for lengths up to its l_max (its kernel's length): the Dim says so, a longer
+    input is refused by the program rather than run on a kernel too short, and a model reports the bound."""
+    from zoo_core.export import length_bound
+
+    core = _core("s4").eval()
+    assert length_bound(core) == core.l_max
+    with torch.no_grad():
+        run = export_forward(core, _x(2, 9), dynamic_length=True).module()
+        with pytest.raises(Exception, match="length|size|range"):
+            run(_x(2, core.l_max + 1))
+    model = build_model(_spec("specs/s4d-tiny.yaml", {"kind": "s4", "preset": "tiny"}))
+    assert length_bound(model) == next(iter(model.cores())).l_max
+    assert length_bound(_core("s4d")) is None

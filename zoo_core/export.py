@@ -14,7 +14,10 @@ returns them; the exported program's inputs are ``x_t`` then the state in that o
 
 Dynamic shapes: the batch (dim 0 of ``x`` / ``x_t`` and of every state tensor) is a ``Dim`` by default;
 the forward's length (dim 1) only when asked, as only ops that trace without a Python loop over time
-allow it (tests/test_compile_export.py lists, per core, which do).
+allow it (tests/test_compile_export.py lists, per core, which do). A core whose parallel forward holds
+for lengths up to a bound only (S4: its kernel belongs to ``l_max``; past it C̃ is converted, which does
+not trace for a symbolic length) says so with ``max_export_length``, and the length ``Dim`` stops there
+(``length_bound``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,13 @@ from .nn.model_state import ModelState
 
 MAX_BATCH = 1 << 16  # upper bound of the exported batch Dim (export needs one; far above any use)
 MAX_LENGTH = 1 << 20  # upper bound of the exported length Dim
+
+
+def length_bound(module: nn.Module) -> int | None:
+    """The longest length ``module``'s parallel forward exports for: the smallest ``max_export_length``
+    among its submodules (a core's attribute, an int, where the forward holds up to a bound), or None."""
+    bounds = [int(b) for m in module.modules() if (b := getattr(m, "max_export_length", None)) is not None]
+    return min(bounds) if bounds else None
 
 
 def flat_state(state: Mapping[str, Tensor] | ModelState) -> dict[str, Tensor]:
@@ -109,11 +119,12 @@ def export_forward(module: nn.Module, x: Tensor, *, dynamic_batch: bool = True, 
                    min_length: int = 2) -> ExportedProgram:
     """``torch.export`` of ``module(x)`` for x (B, L, ...), the batch and/or the length dynamic.
 
-    ``min_length`` is the exported length Dim's lower bound (export specialises sizes 0 and 1).
+    ``min_length`` is the exported length Dim's lower bound (export specialises sizes 0 and 1); its upper
+    bound is ``length_bound(module)`` where the module has one.
     """
     dims: dict[int, Any] = {}
     if dynamic_batch:
         dims[0] = Dim("batch", min=1, max=MAX_BATCH)
     if dynamic_length:
-        dims[1] = Dim("length", min=min_length, max=MAX_LENGTH)
+        dims[1] = Dim("length", min=min_length, max=length_bound(module) or MAX_LENGTH)
     return torch.export.export(module, (x,), dynamic_shapes=({**dims},) if dims else None)

@@ -9,7 +9,8 @@ Modes:
               The first state is all zeros (``model.init_state``); a dynamic batch.
     sequence  the parallel forward over ``x`` (B, L, ...): dynamic batch and, where the model's ops
               trace without a loop over time, a dynamic length (else the exported length is fixed to
-              ``--length``, and that is said once). For ONNX, where an op of the parallel forward has
+              ``--length``, and that is said once), bounded where a core's forward holds up to a
+              length only (S4: its ``l_max``; the file's ``zoo.max_length`` says it). For ONNX, where an op of the parallel forward has
               no ONNX form (complex arithmetic, the zoo's fused scans), the sequence model is an ONNX
               ``Scan`` over the exported step instead (said once): input ``x``, outputs ``y`` and
               ``next.<name>`` (the state after the last step), any length.
@@ -164,12 +165,12 @@ def _stream(model: Any, batch: int, real: bool, fmt: str) -> tuple[Any, tuple[An
 def _sequence(model: Any, batch: int, length: int, dynamic_length: bool) -> tuple[Any, tuple[Any, ...], Any]:
     from torch.export import Dim
 
-    from .export import MAX_BATCH, MAX_LENGTH  # lazy: torch
+    from .export import MAX_BATCH, MAX_LENGTH, length_bound  # lazy: torch
 
     x = example_input(model, batch, length)
     dims: dict[int, Any] = {0: Dim("batch", min=1, max=MAX_BATCH)}
     if dynamic_length:
-        dims[1] = Dim("length", min=2, max=MAX_LENGTH)
+        dims[1] = Dim("length", min=2, max=length_bound(model) or MAX_LENGTH)
     return model, (x,), ({**dims},)
 
 
@@ -235,6 +236,11 @@ def export_model(model_ref: str, *, fmt: str = "onnx", mode: str = "stream", out
             program = _export_or_explain(module, args, shapes, model, mode)
     meta = metadata(model, model_ref, fmt, mode, inputs, outputs)
     meta["zoo.dynamic_length"] = json.dumps(dynamic_length if mode == "sequence" else None)
+    from .export import length_bound  # lazy: torch
+
+    bound = length_bound(model) if mode == "sequence" and dynamic_length else None
+    if bound is not None:  # the parallel forward holds up to a length (S4: its l_max)
+        meta["zoo.max_length"] = str(bound)
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "pt2":
         import torch
@@ -267,6 +273,7 @@ def export_model(model_ref: str, *, fmt: str = "onnx", mode: str = "stream", out
             module, args, inputs, outputs = model, (example_input(model, batch, length),), ["x"], ["y", *outputs[1:]]
             dynamic_length, scan = True, True
             meta["zoo.dynamic_length"] = "true"
+            meta.pop("zoo.max_length", None)  # a Scan over the step takes any length
             meta["zoo.sequence"] = "scan over the step"
             meta["zoo.outputs"] = json.dumps(outputs)
     elif fmt == "onnx":
@@ -475,7 +482,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     exported = export_model(args.model, fmt=args.format, mode=args.mode, output=args.output, length=args.length,
                             static_length=args.static_length, quantize=args.quantize)
     size = exported.path.stat().st_size
-    shape = "" if args.mode == "stream" else (" (dynamic length)" if exported.dynamic_length else f" (length {args.length})")
+    bound = exported.meta.get("zoo.max_length")
+    shape = "" if args.mode == "stream" else (
+        (f" (dynamic length up to {bound})" if bound else " (dynamic length)") if exported.dynamic_length
+        else f" (length {args.length})")
     sys.stdout.write(f"{exported.path}: {args.format}, {args.mode}{shape}, {size / 1024:.1f} KiB\n"
                      f"  inputs  {', '.join(exported.inputs)}\n  outputs {', '.join(exported.outputs)}\n")
     if args.format == "onnx" and args.quantize:

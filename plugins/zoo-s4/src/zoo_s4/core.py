@@ -93,6 +93,13 @@ class S4(CoreBase, params=S4Params):
         moved = dataclasses.replace(base, C=true_c, dt=base.dt * self.dt_scale)
         return dataclasses.replace(moved, C=ctilde_from_c(moved, target)), target
 
+    @property
+    def max_export_length(self) -> int:
+        """The longest length the parallel forward exports for (``zoo_core.export.length_bound``): l_max.
+        Past it (or under a rescaled Δ) C̃ is converted at the input's length, which does not trace for a
+        symbolic one; up to it one kernel at l_max serves every length."""
+        return self.l_max
+
     # sequence --------------------------------------------------------------------------
     def forward(self, x: Tensor, state: State | None = None) -> Tensor:
         return self._run(x, state, want_state=False)[0]
@@ -115,7 +122,9 @@ class S4(CoreBase, params=S4Params):
     def _run(self, x: Tensor, state: State | None, want_state: bool) -> tuple[Tensor, Tensor | None]:
         L = x.shape[1]
         system, kernel_len = self.system(L)
-        K = self.ops.kernel(system, kernel_len)[:, :L]  # (H, L)
+        # (H, L): the first L taps as a fresh tensor (a slice K[:, :L] is contiguous only where L == kernel_len,
+        # a guard that pins an exported length to one side of l_max; the copy is H·L, small beside the kernel)
+        K = self.ops.kernel(system, kernel_len).index_select(1, torch.arange(L, device=x.device))
         y = self.ops.conv(x, K.to(x.dtype)) + x * self.D  # (B, L, H)
         h0 = None if state is None else state["h"]
         if h0 is None and not want_state:
