@@ -182,7 +182,8 @@ def _length_blocker(name: str, core: Any) -> str | None:
     if name in LOOP_SCAN_CORES and (scan is None or scan.name not in OPAQUE_SCANS):
         return (f"its scan backend here, {getattr(scan, 'name', None)!r}, is a Python loop over time or chunks "
                 f"(zoo_core.kernels.scan): L is unrolled into the graph, so export specialises it (cpu-scan, the "
-                f"C++ custom op, is dynamic in L; auto picks it where it builds and serves the problem)")
+                f"C++ custom op, is dynamic in L; auto picks it where it builds and serves the problem, unless the core "
+                f"pins another on CPU, as RG-LRU does: backend {{scan: cpu-scan}} takes it)")
     return None
 
 
@@ -200,6 +201,22 @@ def test_export_forward_with_dynamic_length(name: str) -> None:
         run = export_forward(core, _x(2, 9), dynamic_length=True).module()
         bound = getattr(core, "max_export_length", None)  # S4: up to l_max, that length included
         for B, L in ((2, 9), (3, 20), *(((2, bound),) if bound else ())):
+            x = _x(B, L, seed=L)
+            _close(f"exported forward (B={B}, L={L})", core(x), run(x))
+
+
+def test_rglru_on_the_cpp_scan_exports_a_dynamic_length() -> None:
+    """RG-LRU's auto pins the parallel scan on CPU (a Python loop over chunks: a fixed exported length);
+    on the C++ scan its forward takes any length (its reset mask is built without an (L - 1)-long piece)."""
+    from zoo_core.kernels.scan_cpu import unavailable_reason
+
+    if unavailable_reason() is not None:
+        pytest.skip(f"the C++ scan is not built here: {unavailable_reason()}")
+    torch._dynamo.reset()
+    core = case_from_registry("rglru", d_model=D).make(dtype=F64, backend={"scan": "cpu-scan"}).eval()
+    with torch.no_grad():
+        run = export_forward(core, _x(2, 9), dynamic_length=True).module()
+        for B, L in ((2, 9), (3, 2), (3, 20)):
             x = _x(B, L, seed=L)
             _close(f"exported forward (B={B}, L={L})", core(x), run(x))
 

@@ -194,6 +194,9 @@ class RGLRU(CoreBase, params=RGLRUParams):
     problem = Problem(structure="diag", lti=False, complex=False)
     # On CPU the registry's generic preference is the loop; for this core's real (B, L, W) decays the
     # parallel scan measured 20× faster forward and 3× forward+backward (B 8, W 64, L 1024; REPORT in the card).
+    # The C++ cpu-scan measured level with it for the whole layer (the scan is a small part of it), and its
+    # fixed-length ONNX form is lost there (the C++ op has no ONNX translation), so it is not pinned;
+    # backend {scan: cpu-scan} takes it, and with it an exported forward of dynamic length.
     auto_backends = {"cpu": {"scan": "scan"}}
 
     def __init__(
@@ -261,7 +264,8 @@ class RGLRU(CoreBase, params=RGLRUParams):
     def _reset(self, x: Tensor, start: Tensor) -> Tensor:
         """(B, L, 1): ``start`` at t = 0, else 0 (the document start resets a_0 = 0, multiplier 1)."""
         s0 = start.to(x.dtype)[:, None, None]  # (B, 1, 1)
-        return torch.cat([s0, s0.new_zeros(x.shape[0], x.shape[1] - 1, 1)], 1)
+        first = torch.arange(x.shape[1], device=x.device) == 0  # (L,): no (L − 1)-long piece, which export would guard
+        return s0 * first.to(x.dtype)[None, :, None]
 
     def transition(self, x: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
         """The recurrence's a_t and b_t for conv outputs x (B, L, W); ``start`` (B,) resets step 0.
