@@ -48,10 +48,7 @@ HEAVY = {"gdn", "mamba2", "mamba3", "lrcssm", "rglru"}
 # a loop over time, or over chunks) L is unrolled into the graph, so export specialises it.
 LOOP_SCAN_CORES = {"lru", "s5", "s5-bidirectional", "linoss", "rglru"}
 OPAQUE_SCANS = {"cpu-scan"}
-LENGTH_STATIC: dict[str, str] = {
-    "lrcssm": ("under compile/export LrcSSM runs its exact sequential loop (DEER's convergence test is "
-               "data-dependent), a Python loop over time"),
-}
+LENGTH_STATIC: dict[str, str] = {}
 
 
 def _params(c: str) -> list[Any]:

@@ -170,6 +170,20 @@ def test_onnx_sequence_matches_forward_at_any_length(kind, motion, tmp_path):
             np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-4, atol=1e-5, err_msg=f"{kind} L={L}")
 
 
+@pytest.mark.parametrize("kind", ["lrcssm", "rglru", "mamba3"])
+def test_onnx_static_length_traces_the_parallel_forward_in_standard_ops(kind, motion, tmp_path):
+    """At one fixed length the ops that are opaque for a dynamic one (LrcSSM's loop, Mamba-3's chunked
+    scan) trace their composition, so the ONNX file is the parallel forward in standard ONNX ops."""
+    model = build_model(_spec(kind, depth=1), seed=0).eval()
+    exported = export_model(kind, model=model, fmt="onnx", mode="sequence", output=tmp_path / "q.onnx", length=16,
+                            static_length=True)
+    assert not exported.scan and not exported.dynamic_length
+    session = ort.InferenceSession(str(exported.path), providers=["CPUExecutionProvider"])
+    x = motion[:, :16].expand(2, -1, -1).contiguous()
+    with torch.no_grad():
+        np.testing.assert_allclose(session.run(None, {"x": x.numpy()})[0], model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_onnx_scan_sequence_of_a_token_model_gives_every_steps_output(tmp_path):
     model = build_model("specs/s4d-lm.yaml", seed=0).eval()
     exported = export_model("lm", model=model, fmt="onnx", mode="sequence", output=tmp_path / "lm.onnx", length=16)

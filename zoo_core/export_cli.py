@@ -232,8 +232,11 @@ def export_model(model_ref: str, *, fmt: str = "onnx", mode: str = "stream", out
                             "the ONNX sequence model is a Scan over its step (any length)" if scan_instead else
                             f"the exported sequence model takes exactly {length} steps (--length)")
         if program is None and not scan_instead:
+            from .kernels.export_ops import fixed_length  # lazy: torch
+
             module, args, shapes = _sequence(model, batch, length, False)
-            program = _export_or_explain(module, args, shapes, model, mode)
+            with fixed_length():  # one length: the chunked ops and loops trace as in eager (standard ONNX ops)
+                program = _export_or_explain(module, args, shapes, model, mode)
     meta = metadata(model, model_ref, fmt, mode, inputs, outputs)
     meta["zoo.dynamic_length"] = json.dumps(dynamic_length if mode == "sequence" else None)
     from .export import length_bound  # lazy: torch

@@ -8,14 +8,20 @@ symbolic sizes, and the exported program runs the same Python composition at run
 
 Only ``torch.export`` takes this path (``torch.compiler.is_exporting()``): eager and
 ``torch.compile`` keep the traced composition, whose backward autograd derives and Inductor fuses.
-An exported program is for inference; a backward through the op raises, naming the way out.
+An exported program is for inference; a backward through the op raises, naming the way out. An
+export at one fixed length needs no opaque op: under ``fixed_length()`` the composition is traced
+as in eager (so an ONNX file gets standard ops, where the opaque op has no ONNX translation).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+_fixed_length = 0  # depth of fixed_length() contexts
 
 
 def refuse_backward(op: Any, name: str) -> None:
@@ -29,5 +35,16 @@ def refuse_backward(op: Any, name: str) -> None:
 
 
 def exporting() -> bool:
-    """True while ``torch.export`` traces (strict or not)."""
-    return bool(torch.compiler.is_exporting())
+    """True while ``torch.export`` traces (strict or not) for a dynamic length: the opaque forms' cue."""
+    return _fixed_length == 0 and bool(torch.compiler.is_exporting())
+
+
+@contextmanager
+def fixed_length() -> Iterator[None]:
+    """An export at one length: the ops trace their Python composition (``exporting()`` is False)."""
+    global _fixed_length
+    _fixed_length += 1
+    try:
+        yield
+    finally:
+        _fixed_length -= 1

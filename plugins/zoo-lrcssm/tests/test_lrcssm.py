@@ -374,3 +374,54 @@ def test_a_spec_can_name_the_newton_path():
 
     assert build_model(spec("deer")).cores()[0].backend_choice.path == "deer"
     assert build_model(spec("naive")).cores()[0].backend_choice.path == "sequential"
+
+
+# export -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("elastance", ["asymmetric", "symmetric"])
+def test_exported_forward_takes_any_length_through_the_opaque_loop(elastance):
+    """Exported, the exact loop is one op (zoo::lrcssm_sequential) with a symbolic length: the program
+    equals the eager core at other lengths, from a given state, and refuses a backward."""
+    from torch.export import Dim
+
+    layer = _layer(H=4, D=4, elastance=elastance, dt=0.7, backend="deer").eval()
+
+    class WithState(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.core = layer
+
+        def forward(self, u, x0):
+            y, state = self.core.forward_with_state(u, {"x": x0})
+            return y, state["x"]
+
+    u, x0 = torch.randn(2, 9, 4, dtype=F64), torch.randn(2, 4, dtype=F64)
+    batch, length = Dim("batch", min=1, max=64), Dim("length", min=2, max=4096)
+    with torch.no_grad():
+        program = torch.export.export(WithState(), (u, x0), dynamic_shapes=({0: batch, 1: length}, {0: batch}))
+    assert any("lrcssm_sequential" in str(n.target) for n in program.graph.nodes)
+    run = program.module()
+    for B, L in ((2, 9), (3, 2), (1, 40)):
+        u, x0 = torch.randn(B, L, 4, dtype=F64), torch.randn(B, 4, dtype=F64)
+        with torch.no_grad():
+            y, last = run(u, x0)
+            y_ref, state = layer.forward_with_state(u, {"x": x0})
+        torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(last, state["x"], rtol=1e-10, atol=1e-12)
+    u.requires_grad_(True)
+    with pytest.raises(RuntimeError, match="export-only form"):
+        run(u, x0)[0].sum().backward()
+
+
+def test_the_opaque_loop_restarts_packed_documents_as_the_traced_one():
+    from zoo_lrcssm.export_op import lrcssm_sequential_op
+
+    layer = _layer(H=4, D=4, elastance="symmetric", dt=0.7, backend="naive")
+    pf, pz = (torch.randn(2, 11, 4, dtype=F64) for _ in range(2))
+    h0 = torch.randn(2, 4, dtype=F64)
+    keep = torch.ones(2, 11, 1, dtype=F64)
+    keep[0, 4] = keep[1, 7] = 0  # a document starts there
+    with torch.no_grad():
+        ref = layer._solve_sequential(pf, pz, h0, keep)
+        got = lrcssm_sequential_op(pf, pz, h0, keep, *layer._cell_params())
+    for r, g in zip(ref, got, strict=True):
+        torch.testing.assert_close(g, r, rtol=0, atol=0)

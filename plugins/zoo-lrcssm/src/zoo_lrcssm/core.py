@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo_core.corebase import CoreBase, runs_path
+from zoo_core.kernels.export_ops import exporting
 from zoo_core.logs import log_once
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
@@ -46,6 +47,19 @@ _MATRIX = ("weight_sensory_w", "weight_sensory_h")  # (D, H)
 _VECTOR_STATE = ("weight_mu", "weight_sigma", "weight_w", "weight_h", "weight_gleak", "weight_vleak",
                  "weight_elastance_kernel", "weight_elastance_bias")  # (D,)
 _SHIFT = "weight_elastance_shift"  # (D,)
+
+
+def euler_cell(x: Tensor, pf: Tensor, pz: Tensor, sigma: Tensor, mu: Tensor, w: Tensor, h: Tensor, e_bias: Tensor,
+               e_kernel: Tensor, e_shift: Tensor | None, vleak: Tensor, dt: float) -> Tensor:
+    """One Euler step x_{t−1} -> x_t for x, pf, pz (..., D) (``LrcSSM.cell``; ``e_shift`` None: asymmetric)."""
+    q = torch.sigmoid(sigma * (x - mu))  # (..., D)
+    sf = torch.sigmoid(torch.addcmul(pf, w, q))  # σ(f)
+    th = torch.tanh(torch.addcmul(pz, h, q))  # tanh(zz)
+    arg = torch.addcmul(e_bias, e_kernel, x)
+    eps = torch.sigmoid(arg) if e_shift is None else torch.sigmoid(arg + e_shift) - torch.sigmoid(arg - e_shift)
+    if dt != 1.0:
+        eps = eps * dt
+    return torch.addcmul(x, eps, vleak * th - sf * x)  # (..., D)
 
 
 class LrcSSM(CoreBase, params=LrcSSMParams):
@@ -154,24 +168,26 @@ class LrcSSM(CoreBase, params=LrcSSMParams):
         F, J = self.step_and_jacobian(x * keep, pf, pz)
         return F, J * keep
 
+    def _cell_params(self) -> tuple[Any, ...]:
+        """The cell's parameters in ``euler_cell``'s order (after x, pf, pz)."""
+        shift = self.weight_elastance_shift if self.elastance == "symmetric" else None
+        return (self.weight_sigma, self.weight_mu, self.weight_w, self.weight_h, self.weight_elastance_bias,
+                self.weight_elastance_kernel, shift, self.weight_vleak, self.dt)
+
     def cell(self, x: Tensor, pf: Tensor, pz: Tensor) -> Tensor:
         """One Euler step x_{t−1} -> x_t for x, pf, pz (..., D)."""
-        q = torch.sigmoid(self.weight_sigma * (x - self.weight_mu))  # (..., D)
-        sf = torch.sigmoid(torch.addcmul(pf, self.weight_w, q))  # σ(f)
-        th = torch.tanh(torch.addcmul(pz, self.weight_h, q))  # tanh(zz)
-        arg = torch.addcmul(self.weight_elastance_bias, self.weight_elastance_kernel, x)
-        if self.elastance == "symmetric":
-            eps = torch.sigmoid(arg + self.weight_elastance_shift) - torch.sigmoid(arg - self.weight_elastance_shift)
-        else:
-            eps = torch.sigmoid(arg)
-        if self.dt != 1.0:
-            eps = eps * self.dt
-        return torch.addcmul(x, eps, self.weight_vleak * th - sf * x)  # (..., D)
+        return euler_cell(x, pf, pz, *self._cell_params())
 
     # solvers ----------------------------------------------------------------------------
     @runs_path("sequential")
     def _solve_sequential(self, pf: Tensor, pz: Tensor, h0: Tensor, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """The loop over time; ``keep`` (B, L, 1), for packed documents, zeroes the state entering each start."""
+        """The loop over time; ``keep`` (B, L, 1), for packed documents, zeroes the state entering each start.
+        While exporting, the same loop as one opaque op (``export_op``): a traced loop would pin L."""
+        if exporting():
+            from .export_op import lrcssm_sequential_op
+
+            states, last = lrcssm_sequential_op(pf, pz, h0, keep, *self._cell_params())
+            return states, last
         x, xs = h0, []
         if keep is None:
             for pf_t, pz_t in zip(pf.unbind(1), pz.unbind(1), strict=True):  # unbind: one backward node, not L slices
