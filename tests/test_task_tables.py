@@ -185,8 +185,8 @@ def test_a_companion_sweep_adds_a_width_table_beside_the_main_cells(tmp_path: Pa
     kw: dict[str, Any] = {"reading_dir": tmp_path, "plot_dir": tmp_path / "plots", "doc_dir": tmp_path}
     lines = mt.render([task], [], **kw).splitlines()
     assert "| core | 32 | **64 (main table)** | 128 |" in lines
-    assert "| a | 25.0 ± 0.0 (1) | 60.0 ± 10.0 (3) | 75.0 ± 0.0 (1) |" in lines
-    assert "| b | — | 30.0 ± 14.1 (2) | 50.0 ± 0.0 (1) |" in lines
+    assert "| a | 25.0 (1) | 60.0 ± 10.0 (3) | 75.0 (1) |" in lines
+    assert "| b | — | 30.0 ± 14.1 (2) | 50.0 (1) |" in lines
     assert "- toy-width (read into toy): 3 of 4 cells finished." in lines
     assert "| a | 60.0 ± 10.0 (3) | 1,234 | 3.0 | — |" in lines  # the main table keeps only the section's own cells
     if plot_available():

@@ -130,9 +130,9 @@ class Task:
 
 # formatting ----------------------------------------------------------------------------------------
 def pct(xs: list[float]) -> str:
+    """Mean ± sample std in %; one value alone (no spread to estimate) without a ±."""
     m = statistics.mean(xs) * 100
-    s = statistics.stdev(xs) * 100 if len(xs) > 1 else 0.0
-    return f"{m:.1f} ± {s:.1f}"
+    return f"{m:.1f} ± {statistics.stdev(xs) * 100:.1f}" if len(xs) > 1 else f"{m:.1f}"
 
 
 def _source(e: dict[str, Any]) -> str:
