@@ -222,3 +222,48 @@ def test_int8_is_asked_for_named_in_the_file_and_stays_close(motion, tmp_path):
     assert 0 < np.abs(got - ref).max() <= 0.25 * np.abs(ref).max()
     with pytest.raises(Exception, match="--quantize int8 is for --format onnx"):
         export_model("s4d", model=model, fmt="pt2", quantize="int8")
+
+
+def test_a_dynamic_pt2_with_an_export_only_op_loads_in_a_fresh_process(motion, tmp_path):
+    """LrcSSM's dynamic-length program calls zoo::lrcssm_sequential: the file names the module that
+    registers it, and zoo_core.export.load_program imports it before torch.export.load, in a process
+    that has never imported the plugin."""
+    import subprocess
+    import sys
+
+    model = build_model(_spec("lrcssm", depth=1), seed=0).eval()
+    exported = export_model("lrcssm", model=model, fmt="pt2", mode="sequence", output=tmp_path / "l.pt2", length=16)
+    assert exported.dynamic_length and json.loads(exported.meta["zoo.imports"]) == ["zoo_lrcssm.export_op"]
+    x = motion[:, :23].expand(2, -1, -1).contiguous()
+    torch.save(x, tmp_path / "x.pt")
+    code = ("import sys, torch; from zoo_core.export import load_program; "
+            f"y = load_program({str(exported.path)!r}).module()(torch.load({str(tmp_path / 'x.pt')!r})); "
+            f"torch.save(y, {str(tmp_path / 'y.pt')!r}); print(sorted(m for m in sys.modules if m.startswith('zoo_lrcssm')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "zoo_lrcssm.export_op" in done.stdout
+    with torch.no_grad():
+        torch.testing.assert_close(torch.load(tmp_path / "y.pt"), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_bounded_core_keeps_its_dynamic_length_at_the_default_example_length(tmp_path):
+    """S4 (l_max 128 here) with the CLI's default --length 256: the example is cut to the bound, so the
+    program is dynamic up to l_max and says so, rather than fixed at 256."""
+    spec = _spec("s4", depth=1)
+    spec["model"]["core"]["l_max"] = 128
+    model = build_model(spec, seed=0).eval()
+    exported = export_model("s4", model=model, fmt="pt2", mode="sequence", output=tmp_path / "s.pt2")
+    assert exported.dynamic_length and exported.meta["zoo.max_length"] == "128"
+
+
+def test_executorch_sequence_of_a_core_with_an_export_only_op_lowers_at_a_fixed_length(tmp_path, caplog):
+    pytest.importorskip("executorch")
+    import logging
+
+    model = build_model(_spec("lrcssm", depth=1), seed=0).eval()
+    with caplog.at_level(logging.WARNING, logger="zoo_core.export_cli"):
+        exported = export_model("lrcssm", model=model, fmt="executorch", mode="sequence", output=tmp_path / "l.pte",
+                                length=16)
+    assert not exported.dynamic_length and exported.path.stat().st_size > 0
+    assert any("ExecuTorch cannot lower" in r.getMessage() and "zoo::lrcssm_sequential" in r.getMessage()
+               for r in caplog.records)

@@ -269,6 +269,9 @@ def test_a_declined_kernel_damps_once(monkeypatch):
     model = _streaming_model("specs/depth/lru-motor-aaaaaa-damped.yaml")
     x = example_input(model, 2, 6)
     with torch.no_grad():
-        assert lean.lean_plan(model) is not None
+        plan = lean.lean_plan(model)
+        assert plan is not None
+        if not any(p.__name__ == "fused_residual_block" for p in plan.positions):
+            pytest.skip(f"no fused kernel to decline here: {lean.cpp.unavailable_reason(lean.KERNEL)}")
         monkeypatch.setattr(lean, "_core_args", lambda s: None)  # every call declined, after the plan was built
         _assert_same(_stream(model, x, model.step), _stream(model, x, lambda x_t, s: _general(model, x_t, s)))

@@ -23,12 +23,14 @@ not trace for a symbolic length) says so with ``max_export_length``, and the len
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.export import Dim, ExportedProgram
 
+from .kernels.export_ops import fixed_length
 from .nn.model_state import ModelState
 
 MAX_BATCH = 1 << 16  # upper bound of the exported batch Dim (export needs one; far above any use)
@@ -37,7 +39,11 @@ MAX_LENGTH = 1 << 20  # upper bound of the exported length Dim
 
 def length_bound(module: nn.Module) -> int | None:
     """The longest length ``module``'s parallel forward exports for: the smallest ``max_export_length``
-    among its submodules (a core's attribute, an int, where the forward holds up to a bound), or None."""
+    among its submodules (a core's attribute, an int, where the forward holds up to a bound), or None.
+    None too for a model that reshapes its input (``reshaper``): its cores see another length than the
+    input's, so no bound on the input follows (export then finds whether the length can be dynamic)."""
+    if getattr(module, "reshaper", None) is not None:
+        return None
     bounds = [int(b) for m in module.modules() if (b := getattr(m, "max_export_length", None)) is not None]
     return min(bounds) if bounds else None
 
@@ -120,11 +126,32 @@ def export_forward(module: nn.Module, x: Tensor, *, dynamic_batch: bool = True, 
     """``torch.export`` of ``module(x)`` for x (B, L, ...), the batch and/or the length dynamic.
 
     ``min_length`` is the exported length Dim's lower bound (export specialises sizes 0 and 1); its upper
-    bound is ``length_bound(module)`` where the module has one.
+    bound is ``length_bound(module)`` where the module has one (x's length must not exceed it). At a
+    fixed length the ops kept opaque for a dynamic one trace their composition
+    (``zoo_core.kernels.export_ops.fixed_length``): standard ops only, as an ONNX converter needs.
     """
     dims: dict[int, Any] = {}
     if dynamic_batch:
         dims[0] = Dim("batch", min=1, max=MAX_BATCH)
     if dynamic_length:
         dims[1] = Dim("length", min=min_length, max=length_bound(module) or MAX_LENGTH)
-    return torch.export.export(module, (x,), dynamic_shapes=({**dims},) if dims else None)
+        return torch.export.export(module, (x,), dynamic_shapes=({**dims},))
+    with fixed_length():
+        return torch.export.export(module, (x,), dynamic_shapes=({**dims},) if dims else None)
+
+
+def load_program(path: str | Path) -> ExportedProgram:
+    """``torch.export.load`` of a ``zoo export --format pt2`` file, the modules that register the zoo
+    custom ops it calls imported first (its ``zoo.json`` names them as ``zoo.imports``: a program with
+    an export-only op, such as LrcSSM's loop over time at a dynamic length, cannot be read back without
+    them). Other pt2 files load as ``torch.export.load`` loads them."""
+    import importlib
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        meta_name = next((n for n in archive.namelist() if n.endswith("extra/zoo.json")), None)
+        meta = json.loads(archive.read(meta_name)) if meta_name else {}
+    for module in json.loads(meta.get("zoo.imports", "[]")):
+        importlib.import_module(module)
+    return torch.export.load(str(path))

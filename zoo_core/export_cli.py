@@ -16,7 +16,9 @@ Modes:
               ``next.<name>`` (the state after the last step), any length.
 
 Formats:
-    pt2         ``torch.export`` archive (``torch.export.load``), every core.
+    pt2         ``torch.export`` archive, every core; ``zoo_core.export.load_program`` reads it back (it
+                imports the modules that register the zoo custom ops the program calls, which
+                ``torch.export.load`` needs: the file's ``zoo.imports``).
     onnx        ``torch.onnx.export(..., dynamo=True)``; checked against the eager model in
                 onnxruntime when it is installed (``zoo-core[export]``).
     executorch  ``torch.export`` lowered by ExecuTorch (``zoo-core[executorch]``) to a ``.pte``.
@@ -163,15 +165,33 @@ def _stream(model: Any, batch: int, real: bool, fmt: str) -> tuple[Any, tuple[An
 
 
 def _sequence(model: Any, batch: int, length: int, dynamic_length: bool) -> tuple[Any, tuple[Any, ...], Any]:
+    """The model, its example input and the dynamic shapes; for a dynamic length the example stays within
+    the model's bound (``length_bound``: S4's l_max), so the default --length does not forfeit it."""
     from torch.export import Dim
 
     from .export import MAX_BATCH, MAX_LENGTH, length_bound  # lazy: torch
 
-    x = example_input(model, batch, length)
+    bound = length_bound(model) if dynamic_length else None
+    x = example_input(model, batch, min(length, bound) if bound else length)
     dims: dict[int, Any] = {0: Dim("batch", min=1, max=MAX_BATCH)}
     if dynamic_length:
-        dims[1] = Dim("length", min=2, max=length_bound(model) or MAX_LENGTH)
+        dims[1] = Dim("length", min=2, max=bound or MAX_LENGTH)
     return model, (x,), ({**dims},)
+
+
+def custom_ops_of(program: Any) -> tuple[list[str], list[str]]:
+    """The zoo custom ops an exported program calls (``zoo::...``) and the modules that register them
+    (what must be imported before ``torch.export.load`` can read the program back)."""
+    import torch
+
+    names = sorted({str(n.target.name()) for n in program.graph.nodes
+                    if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "zoo"})
+    try:
+        from torch._library.custom_ops import OPDEFS  # torch's registry of torch.library.custom_op definitions
+    except ImportError:  # a torch without it: the op names alone
+        return names, []
+    modules = {getattr(getattr(OPDEFS.get(n), "_init_fn", None), "__module__", None) for n in names}
+    return names, sorted(m for m in modules if m)
 
 
 def _stepless(model: Any) -> list[str]:
@@ -221,10 +241,17 @@ def export_model(model_ref: str, *, fmt: str = "onnx", mode: str = "stream", out
         program = None
         scan_instead = False  # ONNX: a Scan over the step takes any length, where the parallel forward takes one
         if not static_length:
+            from .kernels.export_ops import EXPORT_ONLY  # lazy: torch
+
             module, args, shapes = _sequence(model, batch, length, True)
             try:
                 program = _torch_export(module, args, shapes)
                 dynamic_length = True
+                held = [o for o in custom_ops_of(program)[0] if o in EXPORT_ONLY] if fmt == "executorch" else []
+                if held:  # ExecuTorch lowers no custom op (no out variant): at a fixed length these trace their compositions
+                    log.warning("zoo export: the dynamic-length %s holds %s, which ExecuTorch cannot lower; exporting the "
+                                "sequence model at the fixed length %d (--length)", core_kinds(model), ", ".join(held), length)
+                    program, dynamic_length = None, False
             except Exception as exc:  # noqa: BLE001 - a dynamic length the ops refuse: fall back, said once
                 scan_instead = fmt == "onnx" and not _stepless(model)
                 log.warning("zoo export: %s does not export with a dynamic length (%s: %s); %s", core_kinds(model),
@@ -248,6 +275,9 @@ def export_model(model_ref: str, *, fmt: str = "onnx", mode: str = "stream", out
     if fmt == "pt2":
         import torch
 
+        ops, modules = custom_ops_of(program)
+        if ops:  # torch.export.load must find them registered: zoo_core.export.load_program imports these first
+            meta["zoo.custom_ops"], meta["zoo.imports"] = json.dumps(ops), json.dumps(modules)
         torch.export.save(program, str(path), extra_files={"zoo.json": json.dumps(meta, sort_keys=True)})
     elif fmt == "onnx" and mode == "sequence":
         try:

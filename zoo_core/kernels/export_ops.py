@@ -17,18 +17,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
 
-_fixed_length = 0  # depth of fixed_length() contexts
+_fixed_length: ContextVar[bool] = ContextVar("zoo_fixed_length_export", default=False)  # per thread / task
+
+
+EXPORT_ONLY: set[str] = set()  # the qualified names of the ops registered below ("zoo::ssd_chunked", ...)
 
 
 def refuse_backward(op: Any, name: str) -> None:
-    """Register ``op``'s autograd as a clear refusal (the op exists for exported inference only)."""
+    """Register ``op``'s autograd as a clear refusal (the op exists for exported inference only), and
+    ``name`` as an export-only op (one a fixed-length export does without)."""
+    EXPORT_ONLY.add(name)
 
     def backward(ctx: Any, *grads: Any) -> Any:
-        raise RuntimeError(f"{name} is the export-only form of a chunked op (an exported program is for inference); "
+        raise RuntimeError(f"{name} is the export-only form of a chunked op or loop (an exported program is for inference); "
                            f"train the model eagerly or under torch.compile, where the op is differentiable")
 
     op.register_autograd(backward)
@@ -36,15 +42,15 @@ def refuse_backward(op: Any, name: str) -> None:
 
 def exporting() -> bool:
     """True while ``torch.export`` traces (strict or not) for a dynamic length: the opaque forms' cue."""
-    return _fixed_length == 0 and bool(torch.compiler.is_exporting())
+    return not _fixed_length.get() and bool(torch.compiler.is_exporting())
 
 
 @contextmanager
 def fixed_length() -> Iterator[None]:
-    """An export at one length: the ops trace their Python composition (``exporting()`` is False)."""
-    global _fixed_length
-    _fixed_length += 1
+    """An export at one length: the ops trace their Python composition (``exporting()`` is False), in
+    this thread (or task) only."""
+    token = _fixed_length.set(True)
     try:
         yield
     finally:
-        _fixed_length -= 1
+        _fixed_length.reset(token)

@@ -37,7 +37,7 @@ def lrcssm_sequential_op(pf: Tensor, pz: Tensor, h0: Tensor, keep: Optional[Tens
 def _fake(pf: Tensor, pz: Tensor, h0: Tensor, keep: Optional[Tensor], sigma: Tensor, mu: Tensor, w: Tensor,
           h: Tensor, e_bias: Tensor, e_kernel: Tensor, e_shift: Optional[Tensor], vleak: Tensor,
           dt: float) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(pf), torch.empty_like(h0)
+    return pf.new_empty(pf.shape), h0.new_empty(h0.shape)  # contiguous, as the real outputs
 
 
 refuse_backward(lrcssm_sequential_op, "zoo::lrcssm_sequential")

@@ -96,8 +96,8 @@ class S4(CoreBase, params=S4Params):
     @property
     def max_export_length(self) -> int:
         """The longest length the parallel forward exports for (``zoo_core.export.length_bound``): l_max.
-        Past it (or under a rescaled Δ) C̃ is converted at the input's length, which does not trace for a
-        symbolic one; up to it one kernel at l_max serves every length."""
+        Past it C̃ is converted at the input's length, which does not trace for a symbolic one; up to it
+        one kernel at l_max serves every length."""
         return self.l_max
 
     # sequence --------------------------------------------------------------------------
