@@ -42,7 +42,8 @@ def refuse_backward(op: Any, name: str) -> None:
 
 def exporting() -> bool:
     """True while ``torch.export`` traces (strict or not) for a dynamic length: the opaque forms' cue."""
-    return not _fixed_length.get() and bool(torch.compiler.is_exporting())
+    # is_exporting first: torch.compile (dynamo) cannot trace ContextVar.get, and needs it only while exporting
+    return bool(torch.compiler.is_exporting()) and not _fixed_length.get()
 
 
 @contextmanager
