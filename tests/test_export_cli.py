@@ -267,3 +267,16 @@ def test_executorch_sequence_of_a_core_with_an_export_only_op_lowers_at_a_fixed_
     assert not exported.dynamic_length and exported.path.stat().st_size > 0
     assert any("ExecuTorch cannot lower" in r.getMessage() and "zoo::lrcssm_sequential" in r.getMessage()
                for r in caplog.records)
+
+
+def test_load_program_imports_only_zoo_modules(tmp_path):
+    """A pt2 whose zoo.json names another module is refused before anything is imported."""
+    import zipfile
+
+    from zoo_core.export import load_program
+
+    bad = tmp_path / "bad.pt2"
+    with zipfile.ZipFile(bad, "w") as archive:
+        archive.writestr("bad/extra/zoo.json", json.dumps({"zoo.imports": json.dumps(["os"])}))
+    with pytest.raises(ValueError, match="'os', which is not a zoo module"):
+        load_program(bad)

@@ -147,11 +147,16 @@ def load_program(path: str | Path) -> ExportedProgram:
     them). Other pt2 files load as ``torch.export.load`` loads them."""
     import importlib
     import json
+    import re
     import zipfile
 
     with zipfile.ZipFile(path) as archive:
         meta_name = next((n for n in archive.namelist() if n.endswith("extra/zoo.json")), None)
         meta = json.loads(archive.read(meta_name)) if meta_name else {}
     for module in json.loads(meta.get("zoo.imports", "[]")):
+        # only the zoo's own modules: a file must not make its reader import anything else
+        if not isinstance(module, str) or not re.fullmatch(r"zoo_[a-z0-9_]+(\.[a-z0-9_]+)*", module):
+            raise ValueError(f"{path}: its zoo.json asks to import {module!r}, which is not a zoo module "
+                             "(zoo_core or a zoo_* plugin); refusing to load it")
         importlib.import_module(module)
     return torch.export.load(str(path))
