@@ -192,7 +192,7 @@ REPORTS: dict[str, ReportSpec] = {s.name: s for s in (
                sections=((("stream",), "Per-token latency (each call: 100 consecutive tokens from the zero state)"),),
                columns={"stream": (("µs/token", lambda r: f"{r['median_s'] / r['L'] * 1e6:.0f}" if r.get("L") else None),
                                    ("file", lambda r: f"{r['file_kib']:.0f} KiB" if "file_kib" in r else None))},
-               order=("general path", "eager step", "compiled step", "onnxruntime", "onnxruntime io-binding")),
+               order=("general path", "eager step", "eager plan", "compiled step", "onnxruntime", "onnxruntime io-binding")),
     ReportSpec("REPORT_CORES.md", "Every other core: each backend combination the registry serves", "cores.jsonl",
                (f"{RUN} s5-bidirectional --out benchmarks/results/cores.jsonl  # and any core without a report",),
                peers={}, sections=((("layer",), "One layer per core"), (("memory",), "Peak memory"))),

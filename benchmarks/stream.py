@@ -5,7 +5,10 @@ Implementations, each timed over L = 100 consecutive tokens of the same input pe
 divides by L), all on one thread:
 
 * ``general path``: ``SequenceModel.step``'s general streaming path (what ran before the lean plan; the peer);
-* ``eager step``: ``model.step`` in eval under ``torch.no_grad``, the lean plan (``zoo_core.nn.lean``);
+* ``eager step``: ``model.step`` in eval under ``torch.no_grad``: the lean step (``zoo_core.nn.lean``),
+  for the fused cores' models one ``StepProgram`` call for the whole step;
+* ``eager plan``: the lean plan without that program (one fused kernel call per block, the rest in
+  torch ops: what a model the program does not take runs, and what ``eager step`` was before it);
 * ``compiled step``: ``torch.compile(model.step)`` (Inductor, static shapes), compiled before timing;
 * ``onnxruntime``: the exported stream model (``zoo export --mode stream``) in onnxruntime's CPU
   provider, fed with numpy arrays through ``session.run`` as a Python caller would;
@@ -63,6 +66,17 @@ def _general(model: Any) -> Step:
     def step(x_t: Tensor, state: Any) -> tuple[Tensor, Any]:
         outs, new = model._advance(x_t[:, None], state, stepwise=True, reads=[model.stack.depth])
         return model.pool.step_output(outs[0]), new
+    return step
+
+
+def _plan(model: Any) -> Step:
+    """The lean plan alone (``model.step`` checks the same conditions first; the plan is built once)."""
+    from zoo_core.nn.lean import lean_plan
+
+    def step(x_t: Tensor, state: Any) -> tuple[Tensor, Any]:
+        plan = lean_plan(model)
+        assert plan is not None, "this model has no lean plan"
+        return plan.step(model, x_t, state)
     return step
 
 
@@ -172,6 +186,8 @@ def _runner(spec: str, name: str, n: int) -> Callable[[], list[Tensor]]:
         return _torch_runner(spec, _general(model), n)
     if name == "eager step":
         return _torch_runner(spec, model.step, n)
+    if name == "eager plan":
+        return _torch_runner(spec, _plan(model), n)
     if name == "compiled step":
         return _torch_runner(spec, _compiled(spec), n)
     if name == "onnxruntime":
@@ -179,7 +195,7 @@ def _runner(spec: str, name: str, n: int) -> Callable[[], list[Tensor]]:
     return _bound_runner(spec, n)
 
 
-IMPLS = ("general path", "eager step", "compiled step", "onnxruntime", "onnxruntime io-binding")
+IMPLS = ("general path", "eager step", "eager plan", "compiled step", "onnxruntime", "onnxruntime io-binding")
 NEEDS = {"onnxruntime": ("onnxruntime", "onnxscript"), "onnxruntime io-binding": ("onnxruntime", "onnxscript")}
 
 
@@ -242,6 +258,6 @@ def stream_families(cores: set[str] | None = None) -> list[Family]:
     return [Family(f"stream/{spec}", "stream", "REPORT_STREAM.md", lambda spec=spec: stream_impls(spec),
                    lengths=(TOKENS,), sizes={"B": 1}, modes=("infer",), memory=False, reference="general path",
                    peer="general path", check=check_stream(spec), extra={"threads": 1},
-                   doc=f"per-token latency of {path}'s streaming step at B=1: eager (lean), compiled, "
+                   doc=f"per-token latency of {path}'s streaming step at B=1: eager (lean step, plan), compiled, "
                        "onnxruntime, against the general path")
             for spec, path in STREAM_SPECS.items() if cores is None or spec.split("-")[0] in cores]

@@ -12,6 +12,7 @@ from torch import nn
 
 from zoo_core.build import build_model
 from zoo_core.export_cli import example_input
+from zoo_core.nn import lean
 from zoo_core.nn.lean import lean_plan
 
 SPECS = sorted(glob.glob("specs/*.yaml") + glob.glob("specs/depth/*.yaml") + glob.glob("specs/paper/*.yaml"))
@@ -41,6 +42,23 @@ def _assert_same(a, b, tol=1e-5):
         torch.testing.assert_close(fa[k], fb[k], rtol=tol, atol=tol, msg=lambda m, k=k: f"{k}: {m}")
 
 
+FUSED = ["specs/s4d-basicmotions.yaml", "specs/s5-basicmotions.yaml", "specs/lru-jv.yaml", "specs/s4-basicmotions.yaml",
+         "specs/linoss-basicmotions.yaml"]
+
+
+@pytest.fixture(params=["program", "plan"])
+def whole(request, monkeypatch):
+    """Each case twice: with the whole-step program where the model has one, and with the plan alone (each
+    block one fused call), so the per-block kernel stays held to the general path too."""
+    if request.param == "plan":
+        monkeypatch.setattr(lean, "_program", lambda *a: None)
+    return request.param == "program"
+
+
+def _no_program(monkeypatch):
+    monkeypatch.setattr(lean, "_program", lambda *a: None)
+
+
 def _streaming_model(path):
     model = build_model(path, seed=0).eval()
     if any(not hasattr(c, "init_state") or "bidirectional" in getattr(c, "capabilities", ()) for c in model.cores()):
@@ -53,7 +71,7 @@ def _streaming_model(path):
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.removeprefix("specs/"))
-def test_lean_step_equals_the_general_path(path):
+def test_lean_step_equals_the_general_path(path, whole):
     model = _streaming_model(path)
     x = example_input(model, 2, 12)
     with torch.no_grad():
@@ -62,17 +80,99 @@ def test_lean_step_equals_the_general_path(path):
         _assert_same(_stream(model, x, model.step), _stream(model, x, lambda xt, s: _general(model, xt, s)))
 
 
-@pytest.mark.parametrize("path", ["specs/s4d-basicmotions.yaml", "specs/s5-basicmotions.yaml", "specs/lru-jv.yaml",
-                                  "specs/s4-basicmotions.yaml", "specs/linoss-basicmotions.yaml"])
-def test_fused_block_kernel_is_exact_in_float64(path):
+@pytest.mark.parametrize("path", FUSED)
+def test_fused_block_kernel_is_exact_in_float64(path, whole):
     """S4D (per-channel decays), S5 and LRU (shared), S4 (DPLR) and LinOSS (oscillator blocks) run each
-    block as one fused C++ call; in float64 they equal the general path's separate ops to rounding."""
+    block as one fused C++ call, and the whole step as one program call; in float64 both equal the general
+    path's separate ops to rounding."""
     model = build_model(path, seed=0).double().eval()
     x = example_input(model, 3, 10).double()
     with torch.no_grad():
         plan = lean_plan(model)
         assert plan is not None and all("fused" in p.__name__ for p in plan.positions)
+        assert (model in lean._PROGRAMS) == whole
         _assert_same(_stream(model, x, model.step), _stream(model, x, lambda xt, s: _general(model, xt, s)), tol=1e-11)
+
+
+@pytest.mark.parametrize("path", [*FUSED, "specs/s4d-lm.yaml", "specs/s4d-sequence.yaml", "specs/lru-shared-aaaaaa.yaml",
+                                  "pretrained/specs/s4d-small.listops.yaml"])
+def test_the_whole_step_is_one_program_call(path, monkeypatch):
+    """Models made of the fused kernel's parts (a linear or embedding encoder, per-step and pooled readouts,
+    blocks shared across depth) step without the plan: one ``StepProgram`` call a token, built once."""
+    model = _streaming_model(path)
+    x = example_input(model, 2, 8)
+    with torch.no_grad():
+        model.step(x[:, 0], model.init_state(2))  # builds the plan and the program
+        program = lean._PROGRAMS[model]
+        monkeypatch.setattr(lean.LeanStep, "step", lambda *a: pytest.fail("the plan ran"))
+        got = _stream(model, x, model.step)
+        assert lean._PROGRAMS[model] is program  # never rebuilt: nothing it watches changed
+        monkeypatch.undo()
+        _assert_same(got, _stream(model, x, lambda xt, s: _general(model, xt, s)))
+
+
+def test_the_program_sees_every_change_it_was_built_from():
+    """Whatever the program baked in, changed after it was built, is seen at the next step: an in-place
+    update, a setting, an activation's form, a step size, a reassigned parameter or its ``.data``, the
+    stack's damping, a replaced module, a block's norm statistics in place."""
+    model = build_model("specs/s4d-basicmotions.yaml", seed=0).eval()
+    x = example_input(model, 2, 6)
+    blocks = model.stack.blocks
+    changes = {
+        "in place": lambda: [p.mul_(0.9) for p in model.parameters()],
+        "a setting": lambda: setattr(blocks[0], "prenorm", False),
+        "an activation's form": lambda: setattr(blocks[1].act, "approximate", "tanh"),
+        "a step size": lambda: blocks[2].core.rescale_dt(2.0),
+        "a reassigned parameter": lambda: setattr(model.head, "weight", nn.Parameter(torch.randn_like(model.head.weight))),
+        "a parameter's .data": lambda: setattr(blocks[3].norm.weight, "data", torch.randn(model.d_model)),
+        "the damping": lambda: setattr(model.stack, "alpha_fixed", 0.5),
+        "a replaced module": lambda: setattr(blocks[0], "act", nn.SiLU().eval()),
+        "an eps": lambda: setattr(blocks[2].norm, "eps", 0.5),
+    }
+    with torch.no_grad():
+        model.step(x[:, 0], model.init_state(2))
+        for what, change in changes.items():
+            program = lean._PROGRAMS[model]
+            before = _stream(model, x, model.step)
+            change()
+            got = _stream(model, x, model.step)
+            assert lean._PROGRAMS[model] is not program, what
+            _assert_same(got, _stream(model, x, lambda xt, s: _general(model, xt, s)))
+            assert not torch.allclose(got[0], before[0]), what  # the change mattered
+
+
+def test_the_program_declines_what_it_does_not_take():
+    """A token out of range raises the general path's error; a state in another dtype, a float64 input
+    to a float32 model and a non-contiguous state take the plan, equal to the general path."""
+    model = build_model("specs/s4d-lm.yaml", seed=0).eval()
+    with torch.no_grad():
+        state = model.init_state(1)
+        model.step(torch.tensor([1]), state)
+        vocab = model.encoder.num_embeddings
+        with pytest.raises(IndexError):
+            model.step(torch.tensor([vocab]), state)
+    model = build_model("specs/s5-basicmotions.yaml", seed=0).eval()
+    x = example_input(model, 2, 3)
+    with torch.no_grad():
+        state = model.init_state(2)
+        y, new = model.step(x[:, 0], state)
+        program = lean._PROGRAMS[model]
+        assert program.run(x[:, 0].double(), state) == 0  # DECLINED: another dtype
+        strided = type(state)(state.t, [{"h": torch.stack([h["h"]] * 2, -1)[..., 0]} for h in state.layers], state.pools)
+        assert program.run(x[:, 0], strided) == 0  # DECLINED: a state not laid out as its own
+        _assert_same(model.step(x[:, 0], strided), _general(model, x[:, 0], state))
+        assert lean._PROGRAMS[model] is program
+
+
+def test_a_model_the_program_does_not_take_is_said_once(caplog):
+    model = build_model("specs/s4d-basicmotions.yaml", seed=0).eval()
+    model.head = nn.Sequential(nn.Linear(model.d_model, 4))
+    model.eval()
+    x = example_input(model, 1, 3)
+    with caplog.at_level(logging.INFO, logger="zoo_core.nn.lean"), torch.no_grad():
+        _assert_same(_stream(model, x, model.step), _stream(model, x, lambda xt, s: _general(model, xt, s)))
+    said = [r.getMessage() for r in caplog.records if "whole-step program does not take" in r.getMessage()]
+    assert len(said) == 1 and "the head Sequential" in said[0]
 
 
 def test_lean_step_sees_weights_hooks_modes_and_replaced_modules():
@@ -165,12 +265,10 @@ def test_a_plan_does_not_keep_its_model_alive():
     import gc
     import weakref
 
-    from zoo_core.nn import lean
-
     model = build_model("specs/lru-jv.yaml", seed=0).eval()
     with torch.no_grad():
         model.step(example_input(model, 1, 1)[:, 0], model.init_state(1))
-    assert model in lean._PLANS
+    assert model in lean._PLANS and model in lean._PROGRAMS
     gone = weakref.ref(model)
     del model
     gc.collect()
@@ -239,7 +337,6 @@ def test_export_traces_the_plan_as_separate_ops(path, monkeypatch):
     every block as separate ops (the fused kernel is opaque to export), not the general path: fewer nodes
     for an edge runtime. Its program equals the eager step (a damped stack's damping once, as the kernel's)."""
     from zoo_core.export import StepModule
-    from zoo_core.nn import lean
 
     model = _streaming_model(path)
     state = model.init_state(2)
@@ -264,8 +361,7 @@ def test_export_traces_the_plan_as_separate_ops(path, monkeypatch):
 def test_a_declined_kernel_damps_once(monkeypatch):
     """Where the fused kernel declines a call, the block's separate ops stand in for the kernel's undamped output
     and the stack's damping is applied once (it was applied twice)."""
-    from zoo_core.nn import lean
-
+    _no_program(monkeypatch)  # the plan's blocks are what this holds to account
     model = _streaming_model("specs/depth/lru-motor-aaaaaa-damped.yaml")
     x = example_input(model, 2, 6)
     with torch.no_grad():

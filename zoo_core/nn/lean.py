@@ -20,6 +20,17 @@ hook or is in training mode (a hook must run; the general path runs it). Anythin
 how to flatten is called as the module it is; so the plan equals the general path for every model, and
 ``tests/test_lean_step.py`` checks outputs and states against it for every spec.
 
+The whole step in one call: where every part of the model is one the fused kernel computes (a Linear
+or Embedding encoder, fused blocks, LayerNorm/RMSNorm/no final norm, a Linear head, a per-step, mean,
+last or mean-of-logits pool), ``SequenceModel.step`` skips even the plan: ``stream_block.cpp``'s
+``StepProgram`` holds the model's tensors and settings and runs encoder, blocks, damping, head and pool
+in one C++ call (S4D's classifier: about 220 µs a token through the plan, 40 µs so). Before each call it
+checks, in C++, that nothing it was built from has changed: every module's ``__dict__`` (a module
+replaced, a setting or training flag set, a hook added, a parameter reassigned) and every parameter's
+and buffer's storage and in-place version; a change drops it and the next call builds it again. It
+declines a call it does not take (autocast, a dispatch mode, another dtype or state form, a token out
+of range), which then takes the plan.
+
 Letters: B batch, D raw input channels, H model width, O outputs.
 """
 
@@ -42,7 +53,7 @@ from ..protocols import complex_dtype
 from ..stream import BlockStream, DiagStream, DPLRStream
 from .blocks import Block, ChannelBatchNorm, EMABatchNorm
 from .model_state import ModelState
-from .pools import PoolState, RunningPool
+from .pools import LastPool, MeanLogitsPool, MeanPool, Pool, PoolState, RunningPool
 
 if TYPE_CHECKING:
     from .model import SequenceModel
@@ -53,6 +64,8 @@ log = logging.getLogger("zoo_core.nn.lean")
 # Each model's plan, beside the model rather than in it: a deepcopy or a pickled model must not carry
 # closures over the original's modules (they would step the original's weights); the key is weak.
 _PLANS: weakref.WeakKeyDictionary[nn.Module, LeanStep] = weakref.WeakKeyDictionary()
+# and its whole-step program (``_program``), kept beside it for the same reason
+_PROGRAMS: weakref.WeakKeyDictionary[nn.Module, object] = weakref.WeakKeyDictionary()
 KERNEL = "stream_block"  # zoo_core/kernels/csrc/stream_block.cpp
 _NORMS = {nn.Identity: 0, nn.LayerNorm: 1, nn.RMSNorm: 2}
 _OUTS = {"none": 0, "linear": 1, "glu": 2}
@@ -107,6 +120,54 @@ def _core_args(s: object) -> tuple[str, tuple[object, ...]] | None:
     return None
 
 
+class _Fused:
+    """The parts of a block the fused kernel computes (see ``fused_block``), read once."""
+
+    def __init__(self, block: Block, norm: nn.Module, norm_code: int, stats: nn.Module | None,
+                 out_parts: tuple[int, nn.Linear | None], stream_of: Callable[[], object]) -> None:
+        self.block, self.norm_code, self.stream_of = block, norm_code, stream_of
+        self.out_code, linear = out_parts
+        self.affine = stats if stats is not None else norm  # the module holding the norm's weight, bias and eps
+        # an EMA batch norm applies its affine map only when it has both weight and bias (blocks.EMABatchNorm)
+        self.one_sided = type(self.affine) is EMABatchNorm and (self.affine.weight is None) != (self.affine.bias is None)
+        # read at each call by dict lookups (nn.Module.__getattr__ costs about a microsecond a name on a token's path)
+        self.norm_params, self.norm_buffers = self.affine._parameters, self.affine._buffers
+        self.out_params = linear._parameters if linear is not None else {}
+
+    def args(self, act: int, dtype: torch.dtype) -> tuple[object, ...]:
+        """The kernel's block arguments after the core's (``ZOO_COMMON_ARGS``), read now."""
+        eps = getattr(self.affine, "eps", None)
+        if eps is None:  # RMSNorm's default: the input dtype's machine epsilon, as F.rms_norm takes it
+            eps = torch.finfo(dtype).eps
+        block, norm_params, norm_buffers, out_params = self.block, self.norm_params, self.norm_buffers, self.out_params
+        return (self.norm_code, norm_params.get("weight"), norm_params.get("bias"), norm_buffers.get("running_mean"),
+                norm_buffers.get("running_var"), float(eps), block.prenorm, act, self.out_code, out_params.get("weight"),
+                out_params.get("bias"), block.residual)
+
+
+def _fused_parts(block: Block, norm: nn.Module) -> _Fused | None:
+    """What the fused kernel needs of ``block`` with ``norm``, None where a part is not the kernel's."""
+    core = block.core
+    stats = _norm_stats(norm)
+    norm_code = 3 if stats is not None else _NORMS.get(type(norm))
+    out_parts = _out_parts(block.out)
+    stream_of = getattr(core, "stream", None)
+    if norm_code is None or _act_code(block.act) is None or out_parts is None or not callable(stream_of) \
+            or not _streams_by_its_stream(core) or _core_args(stream_of()) is None:
+        return None
+    return _Fused(block, norm, norm_code, stats, out_parts, stream_of)
+
+
+def _kernels() -> object | None:
+    """The fused kernel's module, or None (said once, with the reason) where it cannot be built."""
+    reason = cpp.unavailable_reason(KERNEL)
+    if reason is not None:
+        log_once(log, logging.WARNING, ("kernel", reason), "the lean streaming step runs each block as separate torch "
+                 f"ops (several times slower per token) because the fused C++ block kernel is unavailable: {reason}")
+        return None
+    return cpp.load(KERNEL)
+
+
 def fused_block(block: Block, norm: nn.Module, aten: Position) -> Position | None:
     """The block's step as one call of the fused C++ kernel (``stream_block.cpp``), where its parts are
     the kernel's (a core whose cached ``stream()`` is one of ``zoo_core.stream``'s forms and whose
@@ -116,27 +177,11 @@ def fused_block(block: Block, norm: nn.Module, aten: Position) -> Position | Non
     device, a state of another precision, an activation changed since, an export's trace) goes to
     ``aten``, the same maths in separate ops (the block before the stack's damping, as the kernel).
     Without a C++ toolchain it is None, said once."""
-    core = block.core
-    stats = _norm_stats(norm)
-    norm_code = 3 if stats is not None else _NORMS.get(type(norm))
-    out_parts = _out_parts(block.out)
-    stream_of = getattr(core, "stream", None)
-    if norm_code is None or _act_code(block.act) is None or out_parts is None or not callable(stream_of) \
-            or not _streams_by_its_stream(core) or _core_args(stream_of()) is None:
+    parts = _fused_parts(block, norm)
+    kernels = _kernels() if parts is not None else None
+    if parts is None or kernels is None:
         return None
-    reason = cpp.unavailable_reason(KERNEL)
-    if reason is not None:
-        log_once(log, logging.WARNING, ("kernel", reason), "the lean streaming step runs each block as separate torch "
-                 f"ops (several times slower per token) because the fused C++ block kernel is unavailable: {reason}")
-        return None
-    kernels = cpp.load(KERNEL)
-    out_code, linear = out_parts
-    affine = stats if stats is not None else norm  # the module holding the norm's weight, bias and eps
-    # an EMA batch norm applies its affine map only when it has both weight and bias (blocks.EMABatchNorm)
-    one_sided = type(affine) is EMABatchNorm and (affine.weight is None) != (affine.bias is None)
-    # read at each call by dict lookups (nn.Module.__getattr__ costs about a microsecond a name on a token's path)
-    norm_params, norm_buffers = affine._parameters, affine._buffers
-    out_params = linear._parameters if linear is not None else {}
+    stream_of = parts.stream_of
 
     def step(h: Tensor, state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         s = stream_of()
@@ -144,20 +189,118 @@ def fused_block(block: Block, norm: nn.Module, aten: Position) -> Position | Non
         got = _core_args(s)
         act = _act_code(block.act)
         dtype = s.d.dtype
-        if got is None or act is None or one_sided or hs is None or len(state) != 1 or h.dtype != dtype \
+        if got is None or act is None or parts.one_sided or hs is None or len(state) != 1 or h.dtype != dtype \
                 or torch.compiler.is_exporting() \
                 or h.device.type != "cpu" or hs.dtype != (complex_dtype(dtype) if hs.is_complex() else dtype):
             return aten(h, state)
-        eps = getattr(affine, "eps", None)
-        if eps is None:  # RMSNorm's default: the input dtype's machine epsilon, as F.rms_norm takes it
-            eps = torch.finfo(h.dtype).eps
         entry, args = got
-        z, new = getattr(kernels, entry)(
-            h, hs, *args, norm_code, norm_params.get("weight"), norm_params.get("bias"),
-            norm_buffers.get("running_mean"), norm_buffers.get("running_var"), float(eps), block.prenorm,
-            act, out_code, out_params.get("weight"), out_params.get("bias"), block.residual)
+        z, new = getattr(kernels, entry)(h, hs, *args, *parts.args(act, h.dtype))
         return z, {"h": new}
     return step
+
+
+_CORE_KINDS = {"diag_block": 0, "dplr_block": 1, "osc_block": 2}
+_FINAL_NORMS = {nn.Identity: 0, nn.LayerNorm: 1, nn.RMSNorm: 2}
+
+
+def _pool_kind(pool: object) -> int | None:
+    """The program's code for a pool of exactly these types: per-step, mean, last, mean of the logits."""
+    return {Pool: 0, MeanPool: 1, LastPool: 2, MeanLogitsPool: 3}.get(type(pool))
+
+
+def _program_parts(model: SequenceModel) -> tuple[object, ...] | str:
+    """The ``StepProgram``'s arguments for ``model`` (before its watch lists), or why a part is not the
+    program's: a time channel or input reshaping, an encoder other than a Linear or an Embedding (without
+    ``max_norm``, which renormalises rows in place), a block the fused kernel does not compute, a final
+    norm other than LayerNorm/RMSNorm/none, a head other than a Linear, another pool."""
+    stack, enc, fn, head = model.stack, model.encoder, model.final_norm, model.head
+    pool = _pool_kind(model.pool)
+    for why, bad in (("a time channel", model.time_length is not None), ("input reshaping", model.reshaper is not None),
+                     (f"the pool {type(model.pool).__name__}", pool is None),
+                     (f"the head {type(head).__name__} (a Linear is)", type(head) is not nn.Linear),
+                     (f"the final norm {type(fn).__name__}", type(fn) not in _FINAL_NORMS)):
+        if bad:
+            return why
+    dtype = cast(nn.Linear, head).weight.dtype
+    if enc is None or type(enc) is nn.Identity:
+        encoder: tuple[object, ...] = (0, None, None)
+    elif type(enc) is nn.Linear:
+        encoder = (1, enc.weight, enc.bias)
+    elif type(enc) is nn.Embedding and enc.max_norm is None:
+        encoder = (2, enc.weight, None)
+    else:
+        return f"the encoder {type(enc).__name__} (a Linear or an Embedding without max_norm is)"
+    if type(fn) is not nn.Identity and tuple(fn.normalized_shape) != (model.d_model,):
+        return "a final norm over more than the model width"
+    fn_eps = getattr(fn, "eps", 0.0)
+    final = (_FINAL_NORMS[type(fn)], getattr(fn, "weight", None), getattr(fn, "bias", None),
+             float(torch.finfo(dtype).eps if fn_eps is None else fn_eps))
+    parts = []
+    for pos in range(stack.depth):
+        block = stack.block(stack.block_index(pos))
+        if type(block) is not Block:
+            return f"the block {type(block).__name__} at depth position {pos}"
+        norms = stack._norms(pos)
+        (norm,) = norms if norms is not None else block.norm_modules()
+        fused = _fused_parts(block, norm)
+        act = _act_code(block.act)
+        got = _core_args(fused.stream_of()) if fused is not None else None
+        if fused is None or got is None or act is None or fused.one_sided:
+            return f"the block at depth position {pos} (its {type(block.core).__name__} core or a part around it)"
+        entry, args = got
+        tensors, per_channel = (list(args[:4]), bool(args[4])) if entry == "diag_block" else (list(args), False)
+        parts.append((_CORE_KINDS[entry], tensors, per_channel, *fused.args(act, dtype), float(stack.alpha(pos))))
+    return encoder, parts, final, (head.weight, head.bias), pool
+
+
+def _program(model: SequenceModel, plan: LeanStep, tree: list[nn.Module]) -> object | None:
+    """``model``'s whole step as one ``StepProgram`` call (``stream_block.cpp``), built from its parts and
+    watching what they came from: every module's ``__dict__`` (a module replaced, a setting or training
+    flag set, a hook added) and every parameter's and buffer's storage and in-place version. Where the
+    model is not the program's (``_program_parts``; said once where every block is fused), a program that
+    declines every call until one of those changes. None without the kernel (said once by ``_kernels``)."""
+    kernels = _kernels()
+    if kernels is None:
+        return None
+    tensors: dict[int, Tensor] = {}
+    for m in tree:
+        for t in (*m._parameters.values(), *m._buffers.values()):
+            if t is not None:
+                tensors.setdefault(id(t), t)
+    # an inference tensor has no version counter: a program could not see it change, so it only watches the rest
+    inference = any(t.is_inference() for t in tensors.values())
+    watched = [t for t in tensors.values() if not t.is_inference()]
+    dicts = [m.__dict__ for m in tree]
+    if hasattr(model.pool, "__dict__"):
+        dicts.append(vars(model.pool))
+    parts = "an inference tensor among its weights (no version counter to see it change)" if inference \
+        else _program_parts(model)
+    if not isinstance(parts, str):
+        try:
+            return kernels.StepProgram(*parts, watched, dicts,  # type: ignore[attr-defined]
+                                       [_module._global_forward_hooks, _module._global_forward_pre_hooks],
+                                       ModelState, PoolState, model.stack.depth)
+        except RuntimeError as e:  # another dtype or device, a shape the kernel does not take
+            parts = f"its tensors as they are ({str(e).splitlines()[0]})"
+    if all(p.__name__ == "fused_residual_block" for p in plan.positions):  # every block fused, but not the whole step
+        log_once(log, logging.INFO, ("program", parts), "the lean streaming step calls the fused kernel once per block "
+                 f"(slower per token than one call for the whole step) because the whole-step program does not take {parts}")
+    return kernels.StepProgram(watched, dicts)  # type: ignore[attr-defined]
+
+
+def program_step(model: SequenceModel, x_t: Tensor, state: ModelState) -> tuple[Tensor, ModelState] | None:
+    """``model.step`` as one call of its ``StepProgram`` where it has one that takes this call (the caller
+    has checked: eval mode, gradients off), else None. A program whose model changed is dropped (the
+    next ``lean_plan`` builds it again)."""
+    program = _PROGRAMS.get(model)
+    if program is None or torch.compiler.is_compiling():
+        return None
+    done = program.run(x_t, state)  # type: ignore[attr-defined]
+    if done.__class__ is tuple:
+        return cast("tuple[Tensor, ModelState]", done)
+    if done:  # STALE
+        del _PROGRAMS[model]
+    return None
 
 
 def _walk_plain(root: nn.Module, out: list[nn.Module]) -> bool:
@@ -316,4 +459,9 @@ def lean_plan(model: SequenceModel) -> LeanStep | None:
     if plan is None or plan.tree != tree[1:]:
         plan = LeanStep(model, tree)
         _PLANS[model] = plan
+        _PROGRAMS.pop(model, None)
+    if model not in _PROGRAMS and not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
+        program = _program(model, plan, tree)
+        if program is not None:
+            _PROGRAMS[model] = program
     return plan

@@ -34,7 +34,7 @@ from ..errors import UsageError
 from ..packing import Segments
 from .adaptive import AdaptiveConfig, AdaptiveResult, run_adaptive, stop_depths
 from .adaptive import prediction as read_prediction
-from .lean import lean_applies, lean_plan
+from .lean import lean_applies, lean_plan, program_step
 from .model_state import AdaptiveStream, ModelState
 from .pools import Pool, PoolState, RunningPool
 from .reshape import InputReshaper, ReshapeState
@@ -239,11 +239,16 @@ class SequenceModel(nn.Module):
     def step(self, x_t: Tensor, state: ModelState) -> tuple[Tensor, ModelState]:
         """One raw time step: x_t is (B, D) features or (B,) tokens; returns (B, O) and the new state.
 
-        In eval mode with gradients off, a plain stream takes the lean plan (``zoo_core.nn.lean``): the
-        same maths without the general path's Python (not while ``torch.compile`` traces, under autocast,
+        In eval mode with gradients off, a plain stream takes the lean plan (``zoo_core.nn.lean``; for
+        models of the fused kernel's parts, one C++ call for the whole step): the same maths without the
+        general path's Python (not while ``torch.compile`` traces, under autocast,
         or under a dispatch mode such as FLOP counting: those see the general path's ops). While
         ``torch.export`` traces, the plan's separate ops are what is exported (fewer nodes for an edge
         runtime to dispatch)."""
+        if not (self.training or torch.is_grad_enabled()):
+            done = program_step(self, x_t, state)
+            if done is not None:
+                return done
         exporting = torch.compiler.is_exporting()
         if not (self.training or torch.is_grad_enabled() or (torch.compiler.is_compiling() and not exporting)) \
                 and lean_applies(self, x_t, state, exporting=exporting):

@@ -23,6 +23,9 @@
 // 1 exact GELU, 2 tanh GELU, 3 SiLU, 4 ReLU. Output maps: 0 none, 1 linear, 2 GLU.
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/python.h>
 
 #include <cmath>
@@ -88,39 +91,44 @@ T activate(T v, int64_t kind) {
   }
 }
 
-// The block around a core: core(row, u, y) advances row `row`'s state from the normalised input u
-// (H) and writes the core's output y (H); everything else is the same for every core.
+// The block around a core, on one row: core(row, u, y) advances row `row`'s state from the normalised
+// input u (H) and writes the core's output y (H); everything else is the same for every core. Scratch
+// buffers: u, y, w of H and v of 2H.
+template <typename T, typename Core>
+void block_row(const T* xr, T* zr, int64_t H, const Norm& norm, bool prenorm, int64_t act, int64_t out, const T* ow,
+               const T* ob, bool residual, const Core& core, int64_t r, T* u, T* y, T* v, T* w) {
+  if (prenorm) norm_row(xr, u, H, norm);
+  else for (int64_t i = 0; i < H; ++i) u[i] = xr[i];
+  core(r, u, y);
+  for (int64_t i = 0; i < H; ++i) y[i] = activate(y[i], act);
+  if (out == 0) {
+    for (int64_t i = 0; i < H; ++i) w[i] = y[i];
+  } else {
+    const int64_t O = out == 2 ? 2 * H : H;
+    for (int64_t o = 0; o < O; ++o) {
+      T acc = ob ? ob[o] : T(0);
+      const T* wo = ow + o * H;
+      for (int64_t i = 0; i < H; ++i) acc += wo[i] * y[i];
+      v[o] = acc;
+    }
+    if (out == 2) for (int64_t i = 0; i < H; ++i) w[i] = v[i] / (T(1) + std::exp(-v[H + i]));
+    else for (int64_t i = 0; i < H; ++i) w[i] = v[i];
+  }
+  for (int64_t i = 0; i < H; ++i) w[i] = residual ? xr[i] + w[i] : w[i];
+  if (prenorm) for (int64_t i = 0; i < H; ++i) zr[i] = w[i];
+  else norm_row(w, zr, H, norm);
+}
+
 template <typename T, typename Core>
 void run_block(const at::Tensor& x, at::Tensor& z, const Norm& norm, bool prenorm, int64_t act, int64_t out,
                const T* ow, const T* ob, bool residual, Core core) {
   const int64_t B = x.size(0), H = x.size(1);
   const T* X = x.data_ptr<T>();
   T* Z = z.data_ptr<T>();
-  std::vector<T> u(H), y(H), v(out == 2 ? 2 * H : H), w(H);
-  for (int64_t r = 0; r < B; ++r) {
-    const T* xr = X + r * H;
-    if (prenorm) norm_row(xr, u.data(), H, norm);
-    else for (int64_t i = 0; i < H; ++i) u[i] = xr[i];
-    core(r, u.data(), y.data());
-    for (int64_t i = 0; i < H; ++i) y[i] = activate(y[i], act);
-    if (out == 0) {
-      for (int64_t i = 0; i < H; ++i) w[i] = y[i];
-    } else {
-      const int64_t O = out == 2 ? 2 * H : H;
-      for (int64_t o = 0; o < O; ++o) {
-        T acc = ob ? ob[o] : T(0);
-        const T* wo = ow + o * H;
-        for (int64_t i = 0; i < H; ++i) acc += wo[i] * y[i];
-        v[o] = acc;
-      }
-      if (out == 2) for (int64_t i = 0; i < H; ++i) w[i] = v[i] / (T(1) + std::exp(-v[H + i]));
-      else for (int64_t i = 0; i < H; ++i) w[i] = v[i];
-    }
-    T* zr = Z + r * H;
-    for (int64_t i = 0; i < H; ++i) w[i] = residual ? xr[i] + w[i] : w[i];
-    if (prenorm) for (int64_t i = 0; i < H; ++i) zr[i] = w[i];
-    else norm_row(w.data(), zr, H, norm);
-  }
+  std::vector<T> scratch(5 * H);
+  for (int64_t r = 0; r < B; ++r)
+    block_row(X + r * H, Z + r * H, H, norm, prenorm, act, out, ow, ob, residual, core, r, scratch.data(),
+              scratch.data() + H, scratch.data() + 2 * H, scratch.data() + 4 * H);
 }
 
 // Diagonal complex update (S4D per channel; S5, LRU shared): see the top of the file.
@@ -405,6 +413,439 @@ std::vector<at::Tensor> osc_block(at::Tensor x, at::Tensor h, at::Tensor a, at::
   });
 }
 
+// ---------------------------------------------------------------------------------------------------
+// The whole model's step in one call (zoo_core/nn/lean.py's StepProgram): encoder (linear or
+// embedding), every depth position's block as above with the stack's damping, the final norm, the
+// head and the pool's running state, for models made only of parts this file computes. Built once from
+// the model's tensors and settings, which it keeps; every call first checks, in C++, that nothing it
+// took them from has changed since (see `stale`), else answers STALE and the caller builds it again.
+// A call it does not take (another dtype, a state of another form, autocast, a dispatch mode, a token
+// out of range) answers DECLINED and the caller runs the plan, which raises what the general path
+// raises. Answers: a (output, ModelState) tuple, or the int DECLINED (0) / STALE (1).
+
+namespace py = pybind11;
+
+constexpr int DECLINED = 0;
+constexpr int STALE = 1;
+
+// A tensor this file may read or write through its data pointer: dense, on the CPU, no lazy conjugate
+// or negation, not a wrapper (fake, functional, vmap's, a Python subclass: those are traced, not run).
+bool plain(const at::Tensor& t) {
+  static const c10::DispatchKeySet wrapped({c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
+                                            c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper});
+  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && t.has_storage() && !t.is_conj() &&
+         !t.is_neg() && !t.key_set().has_any(wrapped);
+}
+
+// A Python object as a plain tensor of exactly torch.Tensor's type, else nullopt.
+c10::optional<at::Tensor> tensor_of(PyObject* o) {
+  if (o == nullptr || !THPVariable_CheckExact(o)) return c10::nullopt;
+  at::Tensor t = THPVariable_Unpack(o);
+  if (!plain(t)) return c10::nullopt;
+  return t;
+}
+
+// What one watched dict held when the program was built: its entries in order, and for an entry that
+// is itself a dict or a list, that one's entries (a module's _parameters, _modules, hook dicts; a
+// schedule); a set is held to its size.
+struct Snapshot {
+  py::dict dict;
+  std::vector<std::pair<py::object, py::object>> items;
+  std::vector<std::vector<std::pair<py::object, py::object>>> inner;  // per item: a dict's or list's entries
+  std::vector<Py_ssize_t> sizes;                                       // per item: a set's size, else -1
+
+  static std::vector<std::pair<py::object, py::object>> entries(PyObject* v) {
+    std::vector<std::pair<py::object, py::object>> out;
+    if (PyDict_Check(v)) {
+      Py_ssize_t pos = 0;
+      PyObject *k, *x;
+      while (PyDict_Next(v, &pos, &k, &x)) out.emplace_back(py::reinterpret_borrow<py::object>(k), py::reinterpret_borrow<py::object>(x));
+    } else if (PyList_Check(v)) {
+      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(v); ++i)
+        out.emplace_back(py::none(), py::reinterpret_borrow<py::object>(PyList_GET_ITEM(v, i)));
+    }
+    return out;
+  }
+
+  static bool same_entries(PyObject* v, const std::vector<std::pair<py::object, py::object>>& was) {
+    if (PyDict_Check(v)) {
+      if (PyDict_Size(v) != static_cast<Py_ssize_t>(was.size())) return false;
+      Py_ssize_t pos = 0;
+      PyObject *k, *x;
+      size_t i = 0;
+      while (PyDict_Next(v, &pos, &k, &x)) {
+        if (k != was[i].first.ptr() || x != was[i].second.ptr()) return false;
+        ++i;
+      }
+      return true;
+    }
+    if (PyList_Check(v)) {
+      if (PyList_GET_SIZE(v) != static_cast<Py_ssize_t>(was.size())) return false;
+      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(v); ++i)
+        if (PyList_GET_ITEM(v, i) != was[i].second.ptr()) return false;
+    }
+    return true;
+  }
+
+  explicit Snapshot(py::dict d) : dict(std::move(d)) {
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(dict.ptr(), &pos, &k, &v)) {
+      items.emplace_back(py::reinterpret_borrow<py::object>(k), py::reinterpret_borrow<py::object>(v));
+      inner.push_back(entries(v));
+      sizes.push_back(PyAnySet_Check(v) ? PySet_GET_SIZE(v) : -1);
+    }
+  }
+
+  bool same() const {
+    PyObject* d = dict.ptr();
+    if (PyDict_Size(d) != static_cast<Py_ssize_t>(items.size())) return false;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    size_t i = 0;
+    while (PyDict_Next(d, &pos, &k, &v)) {
+      if (k != items[i].first.ptr() || v != items[i].second.ptr()) return false;
+      if (sizes[i] >= 0 ? PySet_GET_SIZE(v) != sizes[i] : !same_entries(v, inner[i])) return false;
+      ++i;
+    }
+    return true;
+  }
+};
+
+// A watched tensor (a parameter or buffer): its storage and in-place version when the program was built.
+struct Watched {
+  at::Tensor t;
+  const void* data;
+  int64_t version;
+  at::ScalarType dtype;
+};
+
+struct Part {  // one depth position: its block's core form and settings, and the stack's damping there
+  int64_t core;  // 0 diag, 1 dplr, 2 osc
+  bool per_channel;
+  std::vector<at::Tensor> t;
+  Common c;
+  double alpha;
+  std::vector<int64_t> state;  // the state's real-view shape without the batch: (..., 2)
+  int64_t numel;               // of that
+};
+
+c10::optional<at::Tensor> opt_tensor(const py::handle& o) {
+  if (o.is_none()) return c10::nullopt;
+  return THPVariable_Unpack(o.ptr());
+}
+
+class StepProgram {
+ public:
+  StepProgram(py::tuple encoder, py::list parts, py::tuple final_norm, py::tuple head, int64_t pool,
+              std::vector<at::Tensor> watch, py::list dicts, py::list global_hooks, py::object state_cls,
+              py::object pool_cls, py::object depth_key)
+      : pool_(pool), global_hooks_(global_hooks), state_cls_(state_cls), pool_cls_(pool_cls), depth_key_(depth_key) {
+    watching(watch, dicts);
+    enc_ = encoder[0].cast<int64_t>();
+    enc_w_ = opt_tensor(encoder[1]);
+    enc_b_ = opt_tensor(encoder[2]);
+    head_w_ = THPVariable_Unpack(head[0].ptr()).contiguous();
+    head_b_ = opt_tensor(head[1]);
+    dtype_ = head_w_.scalar_type();
+    TORCH_CHECK(dtype_ == at::kFloat || dtype_ == at::kDouble, "StepProgram: float32 or float64");
+    H_ = head_w_.size(1);
+    O_ = head_w_.size(0);
+    TORCH_CHECK(enc_ >= 0 && enc_ <= 2, "StepProgram: encoder kind 0..2");
+    TORCH_CHECK(pool_ >= 0 && pool_ <= 3, "StepProgram: pool kind 0..3");
+    TORCH_CHECK(enc_ == 0 || (enc_w_.has_value() && enc_w_->dim() == 2 && enc_w_->size(enc_ == 1 ? 0 : 1) == H_),
+                "StepProgram: the encoder's weight must be (H, D) (linear) or (V, H) (embedding)");
+    D_ = enc_ == 1 ? enc_w_->size(1) : H_;
+    V_ = enc_ == 2 ? enc_w_->size(0) : 0;
+    auto own = [&](c10::optional<at::Tensor>& t, int64_t n, const char* what) {
+      if (!t.has_value()) return;
+      TORCH_CHECK(t->scalar_type() == dtype_ && t->device().is_cpu(), "StepProgram: ", what, " in the head's dtype, on the CPU");
+      TORCH_CHECK(n < 0 || t->numel() == n, "StepProgram: ", what, " has the wrong size");
+      *t = t->contiguous();
+    };
+    own(enc_w_, -1, "the encoder's weight");
+    own(enc_b_, H_, "the encoder's bias");
+    own(head_b_, O_, "the head's bias");
+    at::Tensor probe = at::empty({1, H_}, head_w_.options());
+    final_ = common(probe, final_norm[0].cast<int64_t>(), opt_tensor(final_norm[1]), opt_tensor(final_norm[2]),
+                    c10::nullopt, c10::nullopt, final_norm[3].cast<double>(), true, 0, 0, c10::nullopt, c10::nullopt, false);
+    TORCH_CHECK(final_.norm <= 2, "StepProgram: the final norm is none, LayerNorm or RMSNorm");
+    for (const auto& item : parts) {
+      py::tuple p = item.cast<py::tuple>();
+      Part part;
+      part.core = p[0].cast<int64_t>();
+      part.t = p[1].cast<std::vector<at::Tensor>>();
+      part.per_channel = p[2].cast<bool>();
+      part.c = common(probe, p[3].cast<int64_t>(), opt_tensor(p[4]), opt_tensor(p[5]), opt_tensor(p[6]), opt_tensor(p[7]),
+                      p[8].cast<double>(), p[9].cast<bool>(), p[10].cast<int64_t>(), p[11].cast<int64_t>(),
+                      opt_tensor(p[12]), opt_tensor(p[13]), p[14].cast<bool>());
+      part.alpha = p[15].cast<double>();
+      for (auto& t : part.t) t = checked(t, probe, "a core tensor");
+      shape(part);
+      parts_.push_back(std::move(part));
+    }
+  }
+
+  // A program that takes no call (DECLINED) until something it watches changes (STALE): what stands for
+  // a model the program cannot compute, so the caller tries again only after a change.
+  StepProgram(std::vector<at::Tensor> watch, py::list dicts) : declines_(true) { watching(watch, dicts); }
+
+  // Whether anything the program was built from has changed: a watched dict's entries (a module
+  // replaced, a setting or training flag set, a hook added, a parameter reassigned), a watched tensor's
+  // storage, dtype or in-place version.
+  bool stale() const {
+    for (const auto& w : watch_)
+      if (w.t.data_ptr() != w.data || w.t._version() != w.version || w.t.scalar_type() != w.dtype) return true;
+    for (const auto& s : snaps_)
+      if (!s.same()) return true;
+    return false;
+  }
+
+  py::object run(py::handle x_obj, py::handle state_obj) {
+    for (const auto& g : global_hooks_)
+      if (PyDict_Size(g.ptr()) != 0) return py::int_(DECLINED);
+    if (at::autocast::is_autocast_enabled(at::kCPU) || c10::impl::TorchDispatchModeTLS::stack_len() > 0)
+      return py::int_(DECLINED);
+    if (stale()) return py::int_(STALE);
+    if (declines_) return py::int_(DECLINED);
+    if (Py_TYPE(state_obj.ptr()) != reinterpret_cast<PyTypeObject*>(state_cls_.ptr())) return py::int_(DECLINED);
+    auto x = tensor_of(x_obj.ptr());
+    if (!x.has_value()) return py::int_(DECLINED);
+    if (enc_ == 2 ? (x->dim() != 1 || (x->scalar_type() != at::kLong && x->scalar_type() != at::kInt))
+                  : (x->dim() != 2 || x->size(1) != D_ || x->scalar_type() != dtype_))
+      return py::int_(DECLINED);
+    const int64_t B = x->size(0);
+    // the state: a plain stream's (no reshaping, not adaptive), one {"h": tensor} per position, the pool's
+    py::object reshape = state_obj.attr("reshape"), adaptive = state_obj.attr("adaptive");
+    if (!reshape.is_none() || !adaptive.is_none()) return py::int_(DECLINED);
+    auto t = tensor_of(state_obj.attr("t").ptr());
+    if (!t.has_value() || t->scalar_type() != at::kLong || t->dim() != 1 || t->size(0) != B) return py::int_(DECLINED);
+    py::object layers_obj = state_obj.attr("layers");
+    if (!PyList_Check(layers_obj.ptr()) || PyList_GET_SIZE(layers_obj.ptr()) != static_cast<Py_ssize_t>(parts_.size()))
+      return py::int_(DECLINED);
+    const at::ScalarType cdtype = dtype_ == at::kFloat ? at::kComplexFloat : at::kComplexDouble;
+    std::vector<at::Tensor> hs;
+    std::vector<bool> complex;
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      PyObject* layer = PyList_GET_ITEM(layers_obj.ptr(), i);
+      if (!PyDict_Check(layer) || PyDict_Size(layer) != 1) return py::int_(DECLINED);
+      auto h = tensor_of(PyDict_GetItemString(layer, "h"));
+      if (!h.has_value() || !h->is_contiguous()) return py::int_(DECLINED);
+      const bool cx = h->scalar_type() == cdtype;
+      if (!cx && h->scalar_type() != dtype_) return py::int_(DECLINED);
+      const auto& want = parts_[i].state;  // (..., 2): complex drops the last
+      const size_t dims = want.size() + (cx ? 0 : 1);
+      if (static_cast<size_t>(h->dim()) != dims || h->size(0) != B) return py::int_(DECLINED);
+      for (size_t k = 0; k + 1 < dims; ++k)
+        if (h->size(k + 1) != want[k]) return py::int_(DECLINED);
+      hs.push_back(*h);
+      complex.push_back(cx);
+    }
+    py::object pools_obj = state_obj.attr("pools");
+    c10::optional<at::Tensor> total, count;
+    if (pool_ != 0) {
+      if (!PyDict_Check(pools_obj.ptr())) return py::int_(DECLINED);
+      PyObject* kept = PyDict_GetItem(pools_obj.ptr(), depth_key_.ptr());
+      if (kept == nullptr || Py_TYPE(kept) != reinterpret_cast<PyTypeObject*>(pool_cls_.ptr())) return py::int_(DECLINED);
+      py::handle k(kept);
+      total = tensor_of(k.attr("total").ptr());
+      count = tensor_of(k.attr("count").ptr());
+      const int64_t W = pool_ == 3 ? O_ : H_;
+      if (!total.has_value() || !count.has_value() || total->scalar_type() != dtype_ || total->dim() != 2 ||
+          total->size(0) != B || total->size(1) != W || count->scalar_type() != at::kLong || count->dim() != 1 ||
+          count->size(0) != B)
+        return py::int_(DECLINED);
+      *total = total->contiguous();
+      *count = count->contiguous();
+    }
+    at::Tensor xc = x->contiguous();
+    if (enc_ == 2) {  // a token out of range: the plan's embedding raises the general path's error
+      at::Tensor ids = xc.to(at::kLong);
+      const int64_t* id = ids.data_ptr<int64_t>();
+      for (int64_t r = 0; r < B; ++r)
+        if (id[r] < 0 || id[r] >= V_) return py::int_(DECLINED);
+      xc = ids;
+    }
+    // outputs
+    auto opts = head_w_.options();
+    at::Tensor y = at::empty({B, O_}, opts);
+    std::vector<at::Tensor> hn;
+    for (size_t i = 0; i < parts_.size(); ++i) hn.push_back(at::empty_like(hs[i]));
+    at::Tensor tin = t->contiguous(), t1 = at::empty_like(tin);
+    at::Tensor total1, count1, last1;
+    if (pool_ != 0) {
+      total1 = at::empty_like(*total);
+      count1 = at::empty_like(*count);
+      last1 = at::empty({B, H_}, opts);
+    }
+    AT_DISPATCH_FLOATING_TYPES(dtype_, "StepProgram", [&] {
+      compute<scalar_t>(B, xc, hs, hn, y, total, count, total1, count1, last1);
+    });
+    int64_t* tp = t1.data_ptr<int64_t>();
+    const int64_t* tq = tin.data_ptr<int64_t>();
+    for (int64_t r = 0; r < B; ++r) tp[r] = tq[r] + 1;
+    py::list layers;
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      py::dict d;
+      d["h"] = py::reinterpret_steal<py::object>(THPVariable_Wrap(hn[i]));
+      layers.append(d);
+    }
+    py::dict pools;
+    if (pool_ != 0)
+      pools[depth_key_] = pool_cls_(py::reinterpret_steal<py::object>(THPVariable_Wrap(total1)),
+                                    py::reinterpret_steal<py::object>(THPVariable_Wrap(count1)),
+                                    py::reinterpret_steal<py::object>(THPVariable_Wrap(last1)));
+    py::object out = py::reinterpret_steal<py::object>(THPVariable_Wrap(y));
+    py::object new_state = state_cls_(py::reinterpret_steal<py::object>(THPVariable_Wrap(t1)), layers, pools);
+    return py::make_tuple(out, new_state);
+  }
+
+ private:
+  void watching(const std::vector<at::Tensor>& watch, const py::list& dicts) {
+    for (const auto& t : watch) {
+      TORCH_CHECK(!t.is_inference(), "StepProgram: an inference tensor has no version to watch");
+      watch_.push_back({t, t.data_ptr(), t._version(), t.scalar_type()});
+    }
+    for (const auto& d : dicts) snaps_.emplace_back(d.cast<py::dict>());
+  }
+
+  void shape(Part& p) {
+    const auto& t = p.t;
+    TORCH_CHECK(p.core >= 0 && p.core <= 2, "StepProgram: core kind 0..2");
+    if (p.core == 0) {
+      TORCH_CHECK(t.size() == 4, "StepProgram: a diagonal core has a, b, c, d");
+      const at::Tensor &a = t[0], &b = t[1], &c = t[2];
+      if (p.per_channel) {
+        TORCH_CHECK(a.dim() == 3 && a.size(0) == H_ && a.size(2) == 2 && b.sizes() == a.sizes() && c.sizes() == a.sizes(),
+                    "StepProgram: per-channel a, b, c must be (H, P, 2)");
+        p.state = {H_, a.size(1), 2};
+      } else {
+        const int64_t P = a.size(0);
+        TORCH_CHECK(a.dim() == 2 && a.size(1) == 2 && b.dim() == 2 && b.size(0) == H_ && b.size(1) == 2 * P &&
+                    c.dim() == 2 && c.size(0) == 2 * P && c.size(1) == H_, "StepProgram: shared a (P, 2), b (H, 2P), c (2P, H)");
+        p.state = {P, 2};
+      }
+      TORCH_CHECK(t[3].numel() == H_, "StepProgram: d must be (H,)");
+    } else if (p.core == 1) {
+      TORCH_CHECK(t.size() == 7, "StepProgram: a DPLR core has E, Dm, P, B2, R, C, d");
+      for (int i = 0; i < 6; ++i)
+        TORCH_CHECK(t[i].dim() == 3 && t[i].size(0) == H_ && t[i].size(2) == 2 && t[i].sizes() == t[0].sizes(),
+                    "StepProgram: every DPLR step matrix must be (H, M, 2)");
+      TORCH_CHECK(t[6].numel() == H_, "StepProgram: d must be (H,)");
+      p.state = {H_, t[0].size(1), 2};
+    } else {
+      TORCH_CHECK(t.size() == 4, "StepProgram: an oscillator core has a, b, c, d");
+      const at::Tensor &a = t[0], &b = t[1], &c = t[2];
+      TORCH_CHECK(a.dim() == 3 && a.size(1) == a.size(2), "StepProgram: a must be (P, K, K)");
+      const int64_t P = a.size(0), K = a.size(1);
+      TORCH_CHECK(b.dim() == 4 && b.size(0) == P && b.size(1) == H_ && b.size(2) == K && b.size(3) == 2 && c.dim() == 3 &&
+                  c.size(0) == H_ && c.size(1) == P && c.size(2) == 2, "StepProgram: b (P, H, K, 2), c (H, P, 2)");
+      TORCH_CHECK(t[3].numel() == H_, "StepProgram: d must be (H,)");
+      p.state = {P, K, 2};
+    }
+    p.numel = 1;
+    for (auto n : p.state) p.numel *= n;
+  }
+
+  template <typename T>
+  void compute(int64_t B, const at::Tensor& x, const std::vector<at::Tensor>& hs, std::vector<at::Tensor>& hn,
+               at::Tensor& y, const c10::optional<at::Tensor>& total, const c10::optional<at::Tensor>& count,
+               at::Tensor& total1, at::Tensor& count1, at::Tensor& last1) {
+    const int64_t H = H_;
+    std::vector<T> buf(9 * H + O_);
+    // h the running features, z a block's output, u yy v w its scratch, hf the final norm's, s the head's, mean
+    T *h = buf.data(), *z = h + H, *u = z + H, *yy = u + H, *v = yy + H, *w = v + 2 * H, *hf = w + H, *s = hf + H;
+    T* mean = s + O_;
+    const T* ew = enc_ == 0 ? nullptr : enc_w_->data_ptr<T>();
+    const T* eb = optp<T>(enc_b_);
+    const T* hw = head_w_.data_ptr<T>();
+    const T* hb = optp<T>(head_b_);
+    const Norm fn{final_.norm, optp<T>(final_.nw), optp<T>(final_.nb), nullptr, nullptr, final_.eps};
+    std::vector<Norm> norms;
+    for (const auto& p : parts_)
+      norms.push_back({p.c.norm, optp<T>(p.c.nw), optp<T>(p.c.nb), optp<T>(p.c.nm), optp<T>(p.c.nv), p.c.eps});
+    auto linear = [](const T* W, const T* b, const T* in, T* out, int64_t O, int64_t I) {
+      for (int64_t o = 0; o < O; ++o) {
+        T acc = b ? b[o] : T(0);
+        const T* wo = W + o * I;
+        for (int64_t i = 0; i < I; ++i) acc += wo[i] * in[i];
+        out[o] = acc;
+      }
+    };
+    T* Y = y.data_ptr<T>();
+    for (int64_t r = 0; r < B; ++r) {
+      if (enc_ == 0) for (int64_t i = 0; i < H; ++i) h[i] = x.data_ptr<T>()[r * H + i];
+      else if (enc_ == 1) linear(ew, eb, x.data_ptr<T>() + r * D_, h, H, D_);
+      else {
+        const T* row = ew + x.data_ptr<int64_t>()[r] * H;
+        for (int64_t i = 0; i < H; ++i) h[i] = row[i];
+      }
+      for (size_t i = 0; i < parts_.size(); ++i) {
+        const Part& p = parts_[i];
+        const T* S = static_cast<const T*>(hs[i].data_ptr());  // complex states read as their (re, im) pairs
+        T* N = static_cast<T*>(hn[i].data_ptr());
+        const Common& c = p.c;
+        const T* ow = optp<T>(c.ow);
+        const T* ob = optp<T>(c.ob);
+        const auto& t = p.t;
+        if (p.core == 0) {
+          DiagCore<T> core{S, t[0].data_ptr<T>(), t[1].data_ptr<T>(), t[2].data_ptr<T>(), t[3].data_ptr<T>(), N, H,
+                           p.per_channel ? t[0].size(1) : t[0].size(0), p.per_channel};
+          block_row(h, z, H, norms[i], c.prenorm, c.act, c.out, ow, ob, c.residual, core, r, u, yy, v, w);
+        } else if (p.core == 1) {
+          DPLRCore<T> core{S, t[0].data_ptr<T>(), t[1].data_ptr<T>(), t[2].data_ptr<T>(), t[3].data_ptr<T>(),
+                           t[4].data_ptr<T>(), t[5].data_ptr<T>(), t[6].data_ptr<T>(), N, H, t[0].size(1)};
+          block_row(h, z, H, norms[i], c.prenorm, c.act, c.out, ow, ob, c.residual, core, r, u, yy, v, w);
+        } else {
+          OscCore<T> core{S, t[0].data_ptr<T>(), t[1].data_ptr<T>(), t[2].data_ptr<T>(), t[3].data_ptr<T>(), N, H,
+                          t[0].size(0), t[0].size(1)};
+          block_row(h, z, H, norms[i], c.prenorm, c.act, c.out, ow, ob, c.residual, core, r, u, yy, v, w);
+        }
+        if (p.alpha == 1.0) for (int64_t k = 0; k < H; ++k) h[k] = z[k];
+        else for (int64_t k = 0; k < H; ++k) h[k] = (T(1) - T(p.alpha)) * h[k] + T(p.alpha) * z[k];
+      }
+      norm_row(h, hf, H, fn);  // hn: the final norm's output
+      T* yr = Y + r * O_;
+      if (pool_ == 0) {  // a per-step readout
+        linear(hw, hb, hf, yr, O_, H);
+        continue;
+      }
+      const T* tot = total->data_ptr<T>() + r * total->size(1);
+      T* tot1 = total1.data_ptr<T>() + r * total1.size(1);
+      const int64_t n = count->data_ptr<int64_t>()[r] + 1;
+      count1.data_ptr<int64_t>()[r] = n;
+      T* last = last1.data_ptr<T>() + r * H;
+      for (int64_t k = 0; k < H; ++k) last[k] = hf[k];
+      if (pool_ == 3) {  // mean of the logits: the head on every step, summed
+        linear(hw, hb, hf, s, O_, H);
+        for (int64_t o = 0; o < O_; ++o) {
+          tot1[o] = tot[o] + s[o];
+          yr[o] = tot1[o] / static_cast<T>(n);
+        }
+        continue;
+      }
+      for (int64_t k = 0; k < H; ++k) {
+        tot1[k] = tot[k] + hf[k];
+        mean[k] = tot1[k] / static_cast<T>(n);
+      }
+      linear(hw, hb, pool_ == 1 ? mean : hf, yr, O_, H);  // mean pool: the head on the mean; last: on the step
+    }
+  }
+
+  bool declines_ = false;
+  int64_t enc_ = 0, pool_ = 0;
+  c10::optional<at::Tensor> enc_w_, enc_b_, head_b_;
+  at::Tensor head_w_;
+  at::ScalarType dtype_ = at::kFloat;
+  int64_t H_ = 0, O_ = 0, D_ = 0, V_ = 0;
+  Common final_;
+  std::vector<Part> parts_;
+  std::vector<Watched> watch_;
+  std::vector<Snapshot> snaps_;
+  py::list global_hooks_;
+  py::object state_cls_, pool_cls_, depth_key_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -412,4 +853,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("diag_block", &diag_block, "z (B, H), h' from x, the state and a DiagStream's tensors, then the block's");
   m.def("dplr_block", &dplr_block, "z (B, H), h' from x, the state and a DPLRStream's tensors, then the block's");
   m.def("osc_block", &osc_block, "z (B, H), h' from x, the state and a BlockStream's tensors, then the block's");
+  py::class_<StepProgram>(m, "StepProgram", "a model's whole streaming step in one call (zoo_core.nn.lean)")
+      .def(py::init<py::tuple, py::list, py::tuple, py::tuple, int64_t, std::vector<at::Tensor>, py::list, py::list,
+                    py::object, py::object, py::object>())
+      .def(py::init<std::vector<at::Tensor>, py::list>())
+      .def("stale", &StepProgram::stale, "whether anything it was built from has changed since")
+      .def("run", &StepProgram::run, "(output, state), or DECLINED (0) / STALE (1)");
+  m.attr("DECLINED") = DECLINED;
+  m.attr("STALE") = STALE;
 }
