@@ -162,6 +162,11 @@ def test_the_program_declines_what_it_does_not_take():
         assert program.run(x[:, 0], strided) == 0  # DECLINED: a state not laid out as its own
         _assert_same(model.step(x[:, 0], strided), _general(model, x[:, 0], state))
         assert lean._PROGRAMS[model] is program
+    with torch.inference_mode():  # weights made as inference tensors have no version counter to watch
+        model = build_model("specs/lru-jv.yaml", seed=0).eval()
+        x = example_input(model, 2, 4)
+        _assert_same(_stream(model, x, model.step), _stream(model, x, lambda xt, s: _general(model, xt, s)))
+        assert lean._PROGRAMS[model].run(x[:, 0], model.init_state(2)) == 0  # a watcher: declines every call
 
 
 def test_a_model_the_program_does_not_take_is_said_once(caplog):

@@ -65,7 +65,7 @@ log = logging.getLogger("zoo_core.nn.lean")
 # closures over the original's modules (they would step the original's weights); the key is weak.
 _PLANS: weakref.WeakKeyDictionary[nn.Module, LeanStep] = weakref.WeakKeyDictionary()
 # and its whole-step program (``_program``), kept beside it for the same reason
-_PROGRAMS: weakref.WeakKeyDictionary[nn.Module, object] = weakref.WeakKeyDictionary()
+_PROGRAMS: weakref.WeakKeyDictionary[nn.Module, object] = weakref.WeakKeyDictionary()  # or False: none (``_program``)
 KERNEL = "stream_block"  # zoo_core/kernels/csrc/stream_block.cpp
 _NORMS = {nn.Identity: 0, nn.LayerNorm: 1, nn.RMSNorm: 2}
 _OUTS = {"none": 0, "linear": 1, "glu": 2}
@@ -256,9 +256,13 @@ def _program_parts(model: SequenceModel) -> tuple[object, ...] | str:
 def _program(model: SequenceModel, plan: LeanStep, tree: list[nn.Module]) -> object | None:
     """``model``'s whole step as one ``StepProgram`` call (``stream_block.cpp``), built from its parts and
     watching what they came from: every module's ``__dict__`` (a module replaced, a setting or training
-    flag set, a hook added) and every parameter's and buffer's storage and in-place version. Where the
-    model is not the program's (``_program_parts``; said once where every block is fused), a program that
-    declines every call until one of those changes. None without the kernel (said once by ``_kernels``)."""
+    flag set, a hook added) and every parameter's and buffer's storage and in-place version.
+
+    Where a part of the model is not the program's (``_program_parts``; said once where every block is
+    fused), False: the plan runs, and a program is tried again when the plan is rebuilt (the module tree
+    changed). Where only the tensors as they are stand in the way (an inference tensor among the weights,
+    another dtype or device), a program that declines every call until something it watches changes. None
+    without the kernel (said once by ``_kernels``)."""
     kernels = _kernels()
     if kernels is None:
         return None
@@ -273,18 +277,21 @@ def _program(model: SequenceModel, plan: LeanStep, tree: list[nn.Module]) -> obj
     dicts = [m.__dict__ for m in tree]
     if hasattr(model.pool, "__dict__"):
         dicts.append(vars(model.pool))
-    parts = "an inference tensor among its weights (no version counter to see it change)" if inference \
-        else _program_parts(model)
-    if not isinstance(parts, str):
+    parts = _program_parts(model)
+    if not isinstance(parts, str) and not inference:
         try:
             return kernels.StepProgram(*parts, watched, dicts,  # type: ignore[attr-defined]
                                        [_module._global_forward_hooks, _module._global_forward_pre_hooks],
                                        ModelState, PoolState, model.stack.depth)
         except RuntimeError as e:  # another dtype or device, a shape the kernel does not take
-            parts = f"its tensors as they are ({str(e).splitlines()[0]})"
+            why = f"its tensors as they are ({str(e).splitlines()[0]})"
+    else:
+        why = "an inference tensor among its weights (no version counter to see it change)" if inference else parts
     if all(p.__name__ == "fused_residual_block" for p in plan.positions):  # every block fused, but not the whole step
-        log_once(log, logging.INFO, ("program", parts), "the lean streaming step calls the fused kernel once per block "
-                 f"(slower per token than one call for the whole step) because the whole-step program does not take {parts}")
+        log_once(log, logging.INFO, ("program", why), "the lean streaming step calls the fused kernel once per block "
+                 f"(slower per token than one call for the whole step) because the whole-step program does not take {why}")
+    if isinstance(parts, str):
+        return False
     return kernels.StepProgram(watched, dicts)  # type: ignore[attr-defined]
 
 
@@ -293,13 +300,13 @@ def program_step(model: SequenceModel, x_t: Tensor, state: ModelState) -> tuple[
     has checked: eval mode, gradients off), else None. A program whose model changed is dropped (the
     next ``lean_plan`` builds it again)."""
     program = _PROGRAMS.get(model)
-    if program is None or torch.compiler.is_compiling():
+    if not program or torch.compiler.is_compiling():  # False: none for this plan (``_program``)
         return None
     done = program.run(x_t, state)  # type: ignore[attr-defined]
     if done.__class__ is tuple:
         return cast("tuple[Tensor, ModelState]", done)
     if done:  # STALE
-        del _PROGRAMS[model]
+        _PROGRAMS.pop(model, None)
     return None
 
 
