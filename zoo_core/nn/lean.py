@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (the field's name for it)
@@ -124,7 +124,7 @@ class _Fused:
     """The parts of a block the fused kernel computes (see ``fused_block``), read once."""
 
     def __init__(self, block: Block, norm: nn.Module, norm_code: int, stats: nn.Module | None,
-                 out_parts: tuple[int, nn.Linear | None], stream_of: Callable[[], object]) -> None:
+                 out_parts: tuple[int, nn.Linear | None], stream_of: Callable[[], Any]) -> None:
         self.block, self.norm_code, self.stream_of = block, norm_code, stream_of
         self.out_code, linear = out_parts
         self.affine = stats if stats is not None else norm  # the module holding the norm's weight, bias and eps
@@ -205,7 +205,8 @@ _FINAL_NORMS = {nn.Identity: 0, nn.LayerNorm: 1, nn.RMSNorm: 2}
 
 def _pool_kind(pool: object) -> int | None:
     """The program's code for a pool of exactly these types: per-step, mean, last, mean of the logits."""
-    return {Pool: 0, MeanPool: 1, LastPool: 2, MeanLogitsPool: 3}.get(type(pool))
+    kinds: dict[type, int] = {Pool: 0, MeanPool: 1, LastPool: 2, MeanLogitsPool: 3}
+    return kinds.get(type(pool))
 
 
 def _program_parts(model: SequenceModel) -> tuple[object, ...] | str:
@@ -230,7 +231,7 @@ def _program_parts(model: SequenceModel) -> tuple[object, ...] | str:
         encoder = (2, enc.weight, None)
     else:
         return f"the encoder {type(enc).__name__} (a Linear or an Embedding without max_norm is)"
-    if type(fn) is not nn.Identity and tuple(fn.normalized_shape) != (model.d_model,):
+    if type(fn) is not nn.Identity and tuple(cast(nn.LayerNorm, fn).normalized_shape) != (model.d_model,):
         return "a final norm over more than the model width"
     fn_eps = getattr(fn, "eps", 0.0)
     final = (_FINAL_NORMS[type(fn)], getattr(fn, "weight", None), getattr(fn, "bias", None),
@@ -285,8 +286,10 @@ def _program(model: SequenceModel, plan: LeanStep, tree: list[nn.Module]) -> obj
                                        ModelState, PoolState, model.stack.depth)
         except RuntimeError as e:  # another dtype or device, a shape the kernel does not take
             why = f"its tensors as they are ({str(e).splitlines()[0]})"
+    elif isinstance(parts, str):
+        why = parts
     else:
-        why = "an inference tensor among its weights (no version counter to see it change)" if inference else parts
+        why = "an inference tensor among its weights (no version counter to see it change)"
     if all(p.__name__ == "fused_residual_block" for p in plan.positions):  # every block fused, but not the whole step
         log_once(log, logging.INFO, ("program", why), "the lean streaming step calls the fused kernel once per block "
                  f"(slower per token than one call for the whole step) because the whole-step program does not take {why}")
