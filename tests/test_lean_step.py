@@ -43,7 +43,18 @@ def _assert_same(a, b, tol=1e-5):
 
 
 FUSED = ["specs/s4d-basicmotions.yaml", "specs/s5-basicmotions.yaml", "specs/lru-jv.yaml", "specs/s4-basicmotions.yaml",
-         "specs/linoss-basicmotions.yaml"]
+         "specs/linoss-basicmotions.yaml", "pretrained/specs/mamba-small.japanesevowels.yaml"]
+# MambaSL's switches (fixed Δ, B or C; no D) and the biases mamba_ssm leaves off: each absent or present part
+MAMBA_VARIANTS = [{"tv_dt": False}, {"tv_B": False, "use_D": False}, {"tv_C": False, "bias": True, "conv_bias": False},
+                  {"tv_dt": False, "tv_B": False, "tv_C": False, "d_conv": 1}]
+
+
+def _mamba_variant(patch):
+    import yaml
+
+    spec = yaml.safe_load(open("pretrained/specs/mamba-small.japanesevowels.yaml"))
+    spec["model"]["core"].update(patch)
+    return build_model(spec, seed=0)
 
 
 @pytest.fixture(params=["program", "plan"])
@@ -82,20 +93,41 @@ def test_lean_step_equals_the_general_path(path, whole):
 
 @pytest.mark.parametrize("path", FUSED)
 def test_fused_block_kernel_is_exact_in_float64(path, whole):
-    """S4D (per-channel decays), S5 and LRU (shared), S4 (DPLR) and LinOSS (oscillator blocks) run each
-    block as one fused C++ call, and the whole step as one program call; in float64 both equal the general
-    path's separate ops to rounding."""
+    """S4D (per-channel decays), S5 and LRU (shared), S4 (DPLR), LinOSS (oscillator blocks) and Mamba (the
+    selective mixer) run each block as one fused C++ call, and the whole step as one program call; in
+    float64 both equal the general path's separate ops to rounding."""
     model = build_model(path, seed=0).double().eval()
     x = example_input(model, 3, 10).double()
     with torch.no_grad():
         plan = lean_plan(model)
         assert plan is not None and all("fused" in p.__name__ for p in plan.positions)
-        assert (model in lean._PROGRAMS) == whole
+        assert bool(lean.program_of(model)) == whole
         _assert_same(_stream(model, x, model.step), _stream(model, x, lambda xt, s: _general(model, xt, s)), tol=1e-11)
 
 
+@pytest.mark.parametrize("patch", MAMBA_VARIANTS, ids=lambda p: "-".join(f"{k}={v}" for k, v in p.items()))
+def test_every_mamba_variant_fuses_exactly(patch, whole):
+    model = _mamba_variant(patch).double().eval()
+    x = example_input(model, 3, 10).double()
+    with torch.no_grad():
+        plan = lean_plan(model)
+        assert plan is not None and all("fused" in p.__name__ for p in plan.positions)
+        _assert_same(_stream(model, x, model.step), _stream(model, x, lambda xt, s: _general(model, xt, s)), tol=1e-11)
+
+
+def test_a_half_precision_mamba_is_not_fused():
+    """A bfloat16 Mamba keeps A_log and D in float32: the kernel (one dtype) does not take it, the plan's
+    separate ops do (equal to the general path to bfloat16 rounding), and no program was built for it."""
+    model = build_model("pretrained/specs/mamba-small.japanesevowels.yaml", seed=0, dtype=torch.bfloat16).eval()
+    x = example_input(model, 2, 4).to(torch.bfloat16)
+    with torch.no_grad():
+        plan = lean_plan(model)
+        assert not any("fused" in p.__name__ for p in plan.positions) and not lean.program_of(model)
+        _assert_same(_stream(model, x, model.step), _stream(model, x, lambda xt, s: _general(model, xt, s)), tol=2e-2)
+
+
 @pytest.mark.parametrize("path", [*FUSED, "specs/s4d-lm.yaml", "specs/s4d-sequence.yaml", "specs/lru-shared-aaaaaa.yaml",
-                                  "pretrained/specs/s4d-small.listops.yaml"])
+                                  "pretrained/specs/s4d-small.listops.yaml", "pretrained/specs/mamba-char.shakespeare.yaml"])
 def test_the_whole_step_is_one_program_call(path, monkeypatch):
     """Models made of the fused kernel's parts (a linear or embedding encoder, per-step and pooled readouts,
     blocks shared across depth) step without the plan: one ``StepProgram`` call a token, built once."""
@@ -103,10 +135,10 @@ def test_the_whole_step_is_one_program_call(path, monkeypatch):
     x = example_input(model, 2, 8)
     with torch.no_grad():
         model.step(x[:, 0], model.init_state(2))  # builds the plan and the program
-        program = lean._PROGRAMS[model]
+        program = lean.program_of(model)
         monkeypatch.setattr(lean.LeanStep, "step", lambda *a: pytest.fail("the plan ran"))
         got = _stream(model, x, model.step)
-        assert lean._PROGRAMS[model] is program  # never rebuilt: nothing it watches changed
+        assert lean.program_of(model) is program  # never rebuilt: nothing it watches changed
         monkeypatch.undo()
         _assert_same(got, _stream(model, x, lambda xt, s: _general(model, xt, s)))
 
@@ -132,13 +164,80 @@ def test_the_program_sees_every_change_it_was_built_from():
     with torch.no_grad():
         model.step(x[:, 0], model.init_state(2))
         for what, change in changes.items():
-            program = lean._PROGRAMS[model]
+            program = lean.program_of(model)
             before = _stream(model, x, model.step)
             change()
             got = _stream(model, x, model.step)
-            assert lean._PROGRAMS[model] is not program, what
+            assert lean.program_of(model) is not program, what
             _assert_same(got, _stream(model, x, lambda xt, s: _general(model, xt, s)))
             assert not torch.allclose(got[0], before[0]), what  # the change mattered
+
+
+def test_the_program_sees_edits_past_the_version_counter():
+    """Edits an in-place version does not count: a learned damping changed through ``.data`` (read at each
+    call), a weight's ``.data`` given another layout or size, a parameter swapped in place
+    (``torch.utils.swap_tensors``, which ``load_state_dict`` uses under the swap future: holding a
+    parameter must not make it refuse)."""
+    model = build_model("specs/depth/lru-motor-aaaaaa-learned-damping.yaml", seed=0).eval()
+    x = example_input(model, 2, 5)
+    general = lambda xt, s: _general(model, xt, s)  # noqa: E731
+    with torch.no_grad():
+        model.step(x[:, 0], model.init_state(2))
+        assert lean.program_of(model)
+        model.stack.damping_logit.data.fill_(-3.0)  # no version bump
+        _assert_same(_stream(model, x, model.step), _stream(model, x, general))
+    model = build_model("specs/s4d-basicmotions.yaml", seed=0).eval()
+    other = build_model("specs/s4d-basicmotions.yaml", seed=1).eval()
+    x = example_input(model, 2, 5)
+    with torch.no_grad():
+        model.step(x[:, 0], model.init_state(2))
+        out = model.stack.blocks[0].out[0]
+        out.weight.data = out.weight.data.t().contiguous().t()  # same values, another layout (strided)
+        _assert_same(_stream(model, x, model.step), _stream(model, x, general))
+        model.head.weight.data, model.head.bias.data = model.head.weight.data[:2], model.head.bias.data[:2]
+        got = _stream(model, x, model.step)
+        assert got[0].shape[-1] == 2
+        _assert_same(got, _stream(model, x, general))
+        model.head = nn.Linear(model.d_model, 4).eval()
+        model.step(x[:, 0], model.init_state(2))
+        torch.__future__.set_swap_module_params_on_conversion(True)
+        try:
+            model.load_state_dict(other.state_dict())
+            model.double()
+        finally:
+            torch.__future__.set_swap_module_params_on_conversion(False)
+        x = x.double()
+        _assert_same(_stream(model, x, model.step), _stream(model, x, general))
+
+
+def test_the_program_keeps_no_model_alive_and_takes_odd_buffers():
+    """A hook that refers to the model does not keep it alive through the program (it holds modules
+    weakly); a buffer with no storage (sparse) is watched without one; a large head goes to the plan,
+    whose BLAS product is faster."""
+    import gc
+    import weakref
+
+    model = build_model("specs/lru-jv.yaml", seed=0).eval()
+    x = example_input(model, 1, 2)
+    with torch.no_grad():
+        model.step(x[:, 0], model.init_state(1))
+    model.stack.blocks[0].register_forward_hook(lambda m, i, o, model=model: None)
+    model.register_forward_hook(lambda m, i, o, model=model: None)
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None
+    model = build_model("specs/lru-jv.yaml", seed=0).eval()
+    model.register_buffer("extra", torch.eye(3).to_sparse(), persistent=False)
+    with torch.no_grad():
+        _assert_same(_stream(model, x, model.step), _stream(model, x, lambda xt, s: _general(model, xt, s)))
+        assert lean.program_of(model)
+    model = build_model("specs/s4d-lm.yaml", seed=0).eval()
+    model.head = nn.Linear(model.d_model, 70_000).eval()
+    tokens = torch.tensor([[1, 2]])
+    with torch.no_grad():
+        _assert_same(_stream(model, tokens, model.step), _stream(model, tokens, lambda xt, s: _general(model, xt, s)))
+        assert lean.program_of(model) is False
 
 
 def test_the_program_declines_what_it_does_not_take():
@@ -156,17 +255,17 @@ def test_the_program_declines_what_it_does_not_take():
     with torch.no_grad():
         state = model.init_state(2)
         y, new = model.step(x[:, 0], state)
-        program = lean._PROGRAMS[model]
+        program = lean.program_of(model)
         assert program.run(x[:, 0].double(), state) == 0  # DECLINED: another dtype
         strided = type(state)(state.t, [{"h": torch.stack([h["h"]] * 2, -1)[..., 0]} for h in state.layers], state.pools)
         assert program.run(x[:, 0], strided) == 0  # DECLINED: a state not laid out as its own
         _assert_same(model.step(x[:, 0], strided), _general(model, x[:, 0], state))
-        assert lean._PROGRAMS[model] is program
+        assert lean.program_of(model) is program
     with torch.inference_mode():  # weights made as inference tensors have no version counter to watch
         model = build_model("specs/lru-jv.yaml", seed=0).eval()
         x = example_input(model, 2, 4)
         _assert_same(_stream(model, x, model.step), _stream(model, x, lambda xt, s: _general(model, xt, s)))
-        assert lean._PROGRAMS[model].run(x[:, 0], model.init_state(2)) == 0  # a watcher: declines every call
+        assert lean.program_of(model).run(x[:, 0], model.init_state(2)) == 0  # a watcher: declines every call
 
 
 def test_a_model_the_program_does_not_take_is_said_once(caplog):
@@ -273,7 +372,7 @@ def test_a_plan_does_not_keep_its_model_alive():
     model = build_model("specs/lru-jv.yaml", seed=0).eval()
     with torch.no_grad():
         model.step(example_input(model, 1, 1)[:, 0], model.init_state(1))
-    assert model in lean._PLANS and model in lean._PROGRAMS
+    assert lean.plan_of(model) is not None and lean.program_of(model)
     gone = weakref.ref(model)
     del model
     gc.collect()

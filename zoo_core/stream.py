@@ -226,7 +226,8 @@ class DPLRStream(_Stream):
         a, dp = torch.view_as_real(D * E), D * P
         w = torch.view_as_real((1 - alpha) * P.conj() + R * E)
         c = torch.view_as_real(C)
-        return DPLRStream(StepMatrices(*_real(*mats)), d, torch.stack((a[..., 0], a[..., 0]), -1),
+        # contiguous real views: what the fused kernel reads in place (zoo_core.nn.lean)
+        return DPLRStream(StepMatrices(*(t.contiguous() for t in _real(*mats))), d, torch.stack((a[..., 0], a[..., 0]), -1),
                           torch.stack((-a[..., 1], a[..., 1]), -1), torch.stack((2 * w[..., 0], -2 * w[..., 1]), -1),
                           torch.view_as_real(dp), torch.view_as_real(D * B2 - beta * dp),
                           torch.stack((2 * c[..., 0], -2 * c[..., 1]), -1))
@@ -271,3 +272,45 @@ class BlockStream(_Stream):
         cr, ci = self.c.unbind(-1)  # (H, P)
         y = nr[..., 1] @ cr.T - ni[..., 1] @ ci.T  # (B, H)
         return y + self.d * x, torch.stack((nr, ni), -1)
+
+
+@dataclass(frozen=True)
+class SelectiveStream:
+    """Mamba-1's streaming step as the fused kernel reads it (``stream_block.cpp``'s ``SelectiveCore``):
+    the mixer's weights, with A = −exp(A_log) computed once. Not a form the exported model steps with
+    (the core's own ``step`` is that, elementwise); a bundle of what does not change between tokens, so
+    ``zoo_core.nn.lean`` runs a block around the mixer, and a whole model of them, as one C++ call.
+    Absent parts (MambaSL's fixed Δ, B or C; no D; no biases) are None.
+
+    Shapes: Di inner width, N states, K conv width, R Δ's rank. w_in (2Di, H), w_conv (Di, K),
+    w_x (R + input-dependent N's, Di), w_dt (Di, R), b_dt (Di,), a (Di, N), b / c fixed (Di, N), d (Di,),
+    w_out (H, Di). State: conv (B, Di, K−1), ssm (B, Di, N)."""
+
+    w_in: Tensor
+    b_in: Tensor | None
+    w_conv: Tensor
+    b_conv: Tensor | None
+    w_x: Tensor | None
+    w_dt: Tensor | None
+    b_dt: Tensor
+    a: Tensor
+    b: Tensor | None
+    c: Tensor | None
+    d: Tensor | None
+    w_out: Tensor
+    b_out: Tensor | None
+
+    state_keys = ("conv", "ssm")
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The one dtype of every tensor, None where they differ (a half-precision core keeps A and D in
+        float32: the kernel does not take it)."""
+        dtypes = {t.dtype for t in self.tensors()}
+        return dtypes.pop() if len(dtypes) == 1 else None
+
+    def tensors(self) -> list[Tensor]:
+        """The kernel's 13 tensors in its order, an absent one as an empty tensor of w_in's dtype."""
+        empty = self.w_in.new_empty(0)
+        return [empty if t is None else t for t in (self.w_in, self.b_in, self.w_conv, self.b_conv, self.w_x, self.w_dt,
+                                                    self.b_dt, self.a, self.b, self.c, self.d, self.w_out, self.b_out)]

@@ -37,7 +37,6 @@ Letters: B batch, D raw input channels, H model width, O outputs.
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -50,7 +49,7 @@ from torch.utils import _python_dispatch
 from ..kernels import cpp
 from ..logs import log_once
 from ..protocols import complex_dtype
-from ..stream import BlockStream, DiagStream, DPLRStream
+from ..stream import BlockStream, DiagStream, DPLRStream, SelectiveStream
 from .blocks import Block, ChannelBatchNorm, EMABatchNorm
 from .model_state import ModelState
 from .pools import LastPool, MeanLogitsPool, MeanPool, Pool, PoolState, RunningPool
@@ -61,11 +60,7 @@ if TYPE_CHECKING:
 Fn = Callable[[Tensor], Tensor]
 Position = Callable[[Tensor, dict[str, Tensor]], tuple[Tensor, dict[str, Tensor]]]
 log = logging.getLogger("zoo_core.nn.lean")
-# Each model's plan, beside the model rather than in it: a deepcopy or a pickled model must not carry
-# closures over the original's modules (they would step the original's weights); the key is weak.
-_PLANS: weakref.WeakKeyDictionary[nn.Module, LeanStep] = weakref.WeakKeyDictionary()
-# and its whole-step program (``_program``), kept beside it for the same reason
-_PROGRAMS: weakref.WeakKeyDictionary[nn.Module, object] = weakref.WeakKeyDictionary()  # or False: none (``_program``)
+KEPT = "_zoo_lean"  # where a model keeps its lean step, in its __dict__ (``_Kept``)
 KERNEL = "stream_block"  # zoo_core/kernels/csrc/stream_block.cpp
 _NORMS = {nn.Identity: 0, nn.LayerNorm: 1, nn.RMSNorm: 2}
 _OUTS = {"none": 0, "linear": 1, "glu": 2}
@@ -110,14 +105,22 @@ def _streams_by_its_stream(core: nn.Module) -> bool:
 
 
 def _core_args(s: object) -> tuple[str, tuple[object, ...]] | None:
-    """The fused kernel's entry and its core tensors for a stream form (``zoo_core.stream``), None for another."""
+    """The fused kernel's entry and its core tensors for a stream form (``zoo_core.stream``), None for another
+    (or a selective form whose tensors are of several dtypes: a half-precision Mamba)."""
     if isinstance(s, DiagStream):
         return "diag_block", (s.a_r, s.b, s.c, s.d, s.per_channel)
     if isinstance(s, DPLRStream):
         return "dplr_block", (*s.mats, s.d)
     if isinstance(s, BlockStream):
         return "osc_block", (s.a, s.b, s.c, s.d)
+    if isinstance(s, SelectiveStream) and s.dtype is not None:
+        return "selective_block", (s.tensors(),)
     return None
+
+
+def _form_dtype(s: object) -> torch.dtype | None:
+    """The dtype the kernel computes a form in (its tensors')."""
+    return s.dtype if isinstance(s, SelectiveStream) else cast(Tensor, s.d).dtype  # type: ignore[attr-defined]
 
 
 class _Fused:
@@ -185,21 +188,25 @@ def fused_block(block: Block, norm: nn.Module, aten: Position) -> Position | Non
 
     def step(h: Tensor, state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         s = stream_of()
-        hs = state.get("h")
         got = _core_args(s)
         act = _act_code(block.act)
-        dtype = s.d.dtype
-        if got is None or act is None or parts.one_sided or hs is None or len(state) != 1 or h.dtype != dtype \
-                or torch.compiler.is_exporting() \
-                or h.device.type != "cpu" or hs.dtype != (complex_dtype(dtype) if hs.is_complex() else dtype):
+        dtype = _form_dtype(s)
+        keys = SelectiveStream.state_keys if isinstance(s, SelectiveStream) else ("h",)
+        states = [state.get(k) for k in keys]
+        # the linear forms' state may be complex; the selective form's two are real
+        ok = [t is not None and dtype is not None
+              and t.dtype == (complex_dtype(dtype) if t.is_complex() and len(keys) == 1 else dtype) for t in states]
+        if got is None or act is None or parts.one_sided or not all(ok) or len(state) != len(keys) or h.dtype != dtype \
+                or torch.compiler.is_exporting() or h.device.type != "cpu":
             return aten(h, state)
         entry, args = got
-        z, new = getattr(kernels, entry)(h, hs, *args, *parts.args(act, h.dtype))
-        return z, {"h": new}
+        z, *new = getattr(kernels, entry)(h, *states, *args, *parts.args(act, h.dtype))
+        return z, dict(zip(keys, new, strict=True))
     return step
 
 
-_CORE_KINDS = {"diag_block": 0, "dplr_block": 1, "osc_block": 2}
+_LARGEST = 65536  # the largest encoder or head matrix the program multiplies in its own loops
+_CORE_KINDS = {"diag_block": 0, "dplr_block": 1, "osc_block": 2, "selective_block": 3}
 _FINAL_NORMS = {nn.Identity: 0, nn.LayerNorm: 1, nn.RMSNorm: 2}
 
 
@@ -223,6 +230,10 @@ def _program_parts(model: SequenceModel) -> tuple[object, ...] | str:
         if bad:
             return why
     dtype = cast(nn.Linear, head).weight.dtype
+    for what, m in (("head", head), ("encoder", enc)):  # a large matrix: F.linear's BLAS beats the program's loops
+        w = getattr(m, "weight", None)
+        if isinstance(w, Tensor) and type(m) is nn.Linear and w.numel() > _LARGEST:
+            return f"a {what} of {w.numel():,} weights (more than {_LARGEST:,}: BLAS is faster)"
     if enc is None or type(enc) is nn.Identity:
         encoder: tuple[object, ...] = (0, None, None)
     elif type(enc) is nn.Linear:
@@ -249,15 +260,21 @@ def _program_parts(model: SequenceModel) -> tuple[object, ...] | str:
         if fused is None or got is None or act is None or fused.one_sided:
             return f"the block at depth position {pos} (its {type(block.core).__name__} core or a part around it)"
         entry, args = got
-        tensors, per_channel = (list(args[:4]), bool(args[4])) if entry == "diag_block" else (list(args), False)
-        parts.append((_CORE_KINDS[entry], tensors, per_channel, *fused.args(act, dtype), float(stack.alpha(pos))))
+        if entry == "diag_block":
+            tensors, per_channel = list(args[:4]), bool(args[4])
+        else:  # the selective form's one argument is its list of tensors
+            tensors, per_channel = (list(cast("list[Tensor]", args[0])) if entry == "selective_block" else list(args)), False
+        # the damping, fixed or learned (read by the program at each call: an edit through .data is seen)
+        alpha = float(stack.alpha_fixed) if stack.damping_logit is None else (stack.damping_logit, stack.block_index(pos))
+        parts.append((_CORE_KINDS[entry], tensors, per_channel, *fused.args(act, dtype), alpha))
     return encoder, parts, final, (head.weight, head.bias), pool
 
 
 def _program(model: SequenceModel, plan: LeanStep, tree: list[nn.Module]) -> object | None:
     """``model``'s whole step as one ``StepProgram`` call (``stream_block.cpp``), built from its parts and
     watching what they came from: every module's ``__dict__`` (a module replaced, a setting or training
-    flag set, a hook added) and every parameter's and buffer's storage and in-place version.
+    flag set, a hook added; modules held weakly) and every parameter's and buffer's TensorImpl, storage,
+    layout and in-place version.
 
     Where a part of the model is not the program's (``_program_parts``; said once where every block is
     fused), False: the plan runs, and a program is tried again when the plan is rebuilt (the module tree
@@ -275,13 +292,11 @@ def _program(model: SequenceModel, plan: LeanStep, tree: list[nn.Module]) -> obj
     # an inference tensor has no version counter: a program could not see it change, so it only watches the rest
     inference = any(t.is_inference() for t in tensors.values())
     watched = [t for t in tensors.values() if not t.is_inference()]
-    dicts = [m.__dict__ for m in tree]
-    if hasattr(model.pool, "__dict__"):
-        dicts.append(vars(model.pool))
+    objects: list[object] = [*tree, model.pool]
     parts = _program_parts(model)
     if not isinstance(parts, str) and not inference:
         try:
-            return kernels.StepProgram(*parts, watched, dicts,  # type: ignore[attr-defined]
+            return kernels.StepProgram(*parts, watched, objects, KEPT,  # type: ignore[attr-defined]
                                        [_module._global_forward_hooks, _module._global_forward_pre_hooks],
                                        ModelState, PoolState, model.stack.depth)
         except RuntimeError as e:  # another dtype or device, a shape the kernel does not take
@@ -295,21 +310,28 @@ def _program(model: SequenceModel, plan: LeanStep, tree: list[nn.Module]) -> obj
                  f"(slower per token than one call for the whole step) because the whole-step program does not take {why}")
     if isinstance(parts, str):
         return False
-    return kernels.StepProgram(watched, dicts)  # type: ignore[attr-defined]
+    try:
+        return kernels.StepProgram(watched, objects, KEPT)  # type: ignore[attr-defined]
+    except RuntimeError as e:  # a tensor it cannot watch: no program until the plan is rebuilt
+        log.debug("no whole-step program watcher for this model: %s", e)
+        return False
 
 
 def program_step(model: SequenceModel, x_t: Tensor, state: ModelState) -> tuple[Tensor, ModelState] | None:
     """``model.step`` as one call of its ``StepProgram`` where it has one that takes this call (the caller
     has checked: eval mode, gradients off), else None. A program whose model changed is dropped (the
     next ``lean_plan`` builds it again)."""
-    program = _PROGRAMS.get(model)
-    if not program or torch.compiler.is_compiling():  # False: none for this plan (``_program``)
+    if torch.compiler.is_compiling():
         return None
-    done = program.run(x_t, state)  # type: ignore[attr-defined]
+    kept: _Kept | None = model.__dict__.get(KEPT)
+    program: Any = kept.program if kept is not None else None
+    if kept is None or not program:  # None: not built; False: none for this plan (``_program``)
+        return None
+    done = program.run(x_t, state)
     if done.__class__ is tuple:
         return cast("tuple[Tensor, ModelState]", done)
-    if done:  # STALE
-        _PROGRAMS.pop(model, None)
+    if done:  # STALE: built again by the next lean_plan
+        kept.program = None
     return None
 
 
@@ -375,12 +397,38 @@ def _apply(fn: Fn | None, x: Tensor) -> Tensor:
     return x if fn is None else fn(x)
 
 
+class _Kept:
+    """A model's lean step: its plan and its whole-step program (None: not built yet; False: none for this
+    plan, ``_program``). Kept in the model's ``__dict__`` under ``KEPT``, so it dies with the model (a
+    hook that refers to the model makes a cycle the collector frees; a table beside the model would keep
+    it alive), and left out of pickles and deep copies (``SequenceModel.__getstate__``): a copy builds its
+    own over its own modules (the original's plan would step the original's weights)."""
+
+    __slots__ = ("plan", "program")
+
+    def __init__(self, plan: LeanStep) -> None:
+        self.plan = plan
+        self.program: object = None
+
+
+def plan_of(model: nn.Module) -> LeanStep | None:
+    """The lean plan ``model`` keeps (None before its first lean step)."""
+    kept = model.__dict__.get(KEPT)
+    return kept.plan if kept is not None else None
+
+
+def program_of(model: nn.Module) -> object:
+    """The whole-step program ``model`` keeps: a ``StepProgram``, False (none for its plan) or None (not built)."""
+    kept = model.__dict__.get(KEPT)
+    return kept.program if kept is not None else None
+
+
 class LeanStep:
     """``model.step`` as a plan of plain functions (see the module docstring); ``lean_plan`` builds and
     keeps it, ``step`` is ``model.step`` for a plain stream."""
 
     def __init__(self, model: SequenceModel, tree: list[nn.Module]) -> None:
-        # no reference to the model itself (only to its parts): the plan must not keep its weak key alive
+        # no reference to the model itself, only to its parts (the model keeps the plan: ``_Kept``)
         self.tree = tree[1:]  # the module tree below the model it was built from (rebuilt when it changes)
         self.encoder = function_of(model.encoder)
         self.final_norm = function_of(model.final_norm)
@@ -465,13 +513,10 @@ def lean_plan(model: SequenceModel) -> LeanStep | None:
     tree: list[nn.Module] = []
     if not _walk_plain(model, tree):
         return None
-    plan = _PLANS.get(model)
-    if plan is None or plan.tree != tree[1:]:
-        plan = LeanStep(model, tree)
-        _PLANS[model] = plan
-        _PROGRAMS.pop(model, None)
-    if model not in _PROGRAMS and not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
-        program = _program(model, plan, tree)
-        if program is not None:
-            _PROGRAMS[model] = program
-    return plan
+    kept = model.__dict__.get(KEPT)
+    if kept is None or kept.plan.tree != tree[1:]:
+        kept = _Kept(LeanStep(model, tree))
+        model.__dict__[KEPT] = kept
+    if kept.program is None and not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
+        kept.program = _program(model, kept.plan, tree)
+    return kept.plan

@@ -34,7 +34,7 @@ from ..errors import UsageError
 from ..packing import Segments
 from .adaptive import AdaptiveConfig, AdaptiveResult, run_adaptive, stop_depths
 from .adaptive import prediction as read_prediction
-from .lean import lean_applies, lean_plan, program_step
+from .lean import KEPT, lean_applies, lean_plan, program_step
 from .model_state import AdaptiveStream, ModelState
 from .pools import Pool, PoolState, RunningPool
 from .reshape import InputReshaper, ReshapeState
@@ -235,6 +235,13 @@ class SequenceModel(nn.Module):
         if isinstance(self.pool, RunningPool):  # a pooled task: each document's running readout
             pools[d] = self.pool.commit_documents(seg.unpack(self.final_norm(h)), seg.doc_len, self.head)
         return self.readout_packed(h, seg), ModelState(seg.doc_len.clone(), layers, pools)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The module's state for pickling and deep copies, without its lean step (``zoo_core.nn.lean``'s
+        plan and program are over this model's modules: a copy builds its own)."""
+        state = super().__getstate__()
+        state.pop(KEPT, None)
+        return state
 
     def step(self, x_t: Tensor, state: ModelState) -> tuple[Tensor, ModelState]:
         """One raw time step: x_t is (B, D) features or (B,) tokens; returns (B, O) and the new state.

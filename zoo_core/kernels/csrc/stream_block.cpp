@@ -29,7 +29,9 @@
 #include <torch/python.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace {
@@ -257,6 +259,122 @@ struct OscCore {
   }
 };
 
+// Mamba-1's mixer (zoo_core.stream.SelectiveStream; zoo_mamba.core.Mamba.step): from the block's
+// normalised input u (H),
+//   [x, z] = W_in u + b_in                           (2Di)
+//   c      = conv_b + Σ_j w_j·[past, x]_j            the depthwise causal conv's window (K); past ← its last K−1
+//   v      = SiLU(c)
+//   [δ, B, C] = W_x v                                (R, N, N); B or C a fixed (Di, N) matrix where given
+//   Δ      = softplus(W_dt δ + b_dt)                 (Di), or softplus(b_dt) where Δ is time-invariant
+//   h      = exp(Δ·A) ⊙ h + (Δ·v) ⊗ B                (Di, N)
+//   y      = W_out ((h·C + D⊙v) ⊙ SiLU(z)) + b_out   (H)
+// State per row: conv (Di, K−1), ssm (Di, N). Absent tensors: null pointers (R = 0 without W_dt).
+template <typename T>
+struct SelectiveCore {
+  const T *Cs, *Ss;
+  T *Cn, *Sn;
+  const T *Wi, *bi, *Wc, *bc, *Wx, *Wdt, *bdt, *A, *Bf, *Cf, *D, *Wo, *bo;
+  int64_t H, Di, N, K, R;
+  T* scratch;  // 2Di (x, z) + Di (v) + R + 2N (W_x v) + Di (Δ) + Di (y)
+  static T softplus(T x) { return x > T(20) ? x : std::log1p(std::exp(x)); }  // F.softplus (threshold 20)
+  static T silu(T x) { return x / (T(1) + std::exp(-x)); }
+  void operator()(int64_t r, const T* u, T* out) const {
+    T* xz = scratch;
+    T* v = xz + 2 * Di;
+    T* proj = v + Di;
+    T* delta = proj + R + 2 * N;
+    T* y = delta + Di;
+    for (int64_t o = 0; o < 2 * Di; ++o) {
+      T acc = bi ? bi[o] : T(0);
+      const T* w = Wi + o * H;
+      for (int64_t i = 0; i < H; ++i) acc += w[i] * u[i];
+      xz[o] = acc;
+    }
+    const T* past = Cs + r * Di * (K - 1);
+    T* next = Cn + r * Di * (K - 1);
+    for (int64_t c = 0; c < Di; ++c) {
+      const T* w = Wc + c * K;
+      const T* pc = past + c * (K - 1);
+      T acc = bc ? bc[c] : T(0);
+      for (int64_t j = 0; j < K - 1; ++j) acc += w[j] * pc[j];
+      acc += w[K - 1] * xz[c];
+      T* nc = next + c * (K - 1);
+      for (int64_t j = 0; j + 1 < K - 1; ++j) nc[j] = pc[j + 1];
+      if (K > 1) nc[K - 2] = xz[c];
+      v[c] = silu(acc);
+    }
+    const int64_t P = R + (Bf ? 0 : N) + (Cf ? 0 : N);  // W_x's rows: what is input-dependent
+    for (int64_t o = 0; o < P; ++o) {
+      T acc = 0;
+      const T* w = Wx + o * Di;
+      for (int64_t c = 0; c < Di; ++c) acc += w[c] * v[c];
+      proj[o] = acc;
+    }
+    const T* Bt = Bf ? nullptr : proj + R;
+    const T* Ct = Cf ? nullptr : proj + R + (Bf ? 0 : N);
+    for (int64_t c = 0; c < Di; ++c) {
+      T acc = bdt[c];
+      if (Wdt) for (int64_t k = 0; k < R; ++k) acc += Wdt[c * R + k] * proj[k];
+      delta[c] = softplus(acc);
+    }
+    const T* hs = Ss + r * Di * N;
+    T* hn = Sn + r * Di * N;
+    for (int64_t c = 0; c < Di; ++c) {
+      const T dc = delta[c], du = dc * v[c];
+      const T* Ac = A + c * N;
+      const T* Bc = Bt ? Bt : Bf + c * N;
+      const T* Cc = Ct ? Ct : Cf + c * N;
+      T acc = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        const T h = std::exp(dc * Ac[n]) * hs[c * N + n] + du * Bc[n];
+        hn[c * N + n] = h;
+        acc += h * Cc[n];
+      }
+      if (D) acc += D[c] * v[c];
+      y[c] = acc * silu(xz[Di + c]);
+    }
+    for (int64_t o = 0; o < H; ++o) {
+      T acc = bo ? bo[o] : T(0);
+      const T* w = Wo + o * Di;
+      for (int64_t c = 0; c < Di; ++c) acc += w[c] * y[c];
+      out[o] = acc;
+    }
+  }
+};
+
+// The selective form's sizes from its tensors (W_in, b_in, W_conv, b_conv, W_x, W_dt, b_dt, A, B, C, D,
+// W_out, b_out; an absent one empty), checked: H, Di, N, K, R.
+std::vector<int64_t> selective_sizes(const std::vector<at::Tensor>& t) {
+  TORCH_CHECK(t.size() == 13, "selective: 13 tensors (W_in, b_in, W_conv, b_conv, W_x, W_dt, b_dt, A, B, C, D, W_out, b_out)");
+  auto has = [&](int i) { return t[i].numel() > 0; };
+  TORCH_CHECK(t[2].dim() == 2 && t[7].dim() == 2 && t[0].dim() == 2, "selective: W_conv (Di, K), A (Di, N), W_in (2Di, H)");
+  const int64_t Di = t[2].size(0), K = t[2].size(1), N = t[7].size(1), H = t[0].size(1);
+  const int64_t R = has(5) ? t[5].size(1) : 0;
+  TORCH_CHECK(K >= 1 && t[0].size(0) == 2 * Di && t[7].size(0) == Di, "selective: W_in (2Di, H), A (Di, N)");
+  TORCH_CHECK(!has(1) || t[1].numel() == 2 * Di, "selective: b_in (2Di,)");
+  TORCH_CHECK(!has(3) || t[3].numel() == Di, "selective: b_conv (Di,)");
+  TORCH_CHECK(!has(5) || (t[5].dim() == 2 && t[5].size(0) == Di), "selective: W_dt (Di, R)");
+  TORCH_CHECK(t[6].numel() == Di, "selective: b_dt (Di,)");
+  for (int i : {8, 9}) TORCH_CHECK(!has(i) || (t[i].dim() == 2 && t[i].size(0) == Di && t[i].size(1) == N), "selective: fixed B, C (Di, N)");
+  const int64_t P = R + (has(8) ? 0 : N) + (has(9) ? 0 : N);
+  TORCH_CHECK(P == 0 ? !has(4) : (has(4) && t[4].dim() == 2 && t[4].size(0) == P && t[4].size(1) == Di),
+              "selective: W_x (R + input-dependent N's, Di)");
+  TORCH_CHECK(!has(10) || t[10].numel() == Di, "selective: D (Di,)");
+  TORCH_CHECK(t[11].dim() == 2 && t[11].size(0) == H && t[11].size(1) == Di, "selective: W_out (H, Di)");
+  TORCH_CHECK(!has(12) || t[12].numel() == H, "selective: b_out (H,)");
+  return {H, Di, N, K, R};
+}
+
+template <typename T>
+SelectiveCore<T> selective_core(const std::vector<at::Tensor>& t, const std::vector<int64_t>& n, const T* conv,
+                                const T* ssm, T* conv_new, T* ssm_new, T* scratch) {
+  auto p = [&](int i) -> const T* { return t[i].numel() > 0 ? t[i].data_ptr<T>() : nullptr; };
+  return SelectiveCore<T>{conv, ssm, conv_new, ssm_new, p(0), p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9),
+                          p(10), p(11), p(12), n[0], n[1], n[2], n[3], n[4], scratch};
+}
+
+int64_t selective_scratch(const std::vector<int64_t>& n) { return 5 * n[1] + n[4] + 2 * n[2]; }
+
 // The block's parts other than the core, checked once: the norm, the output map, their dtype.
 struct Common {
   int64_t norm;
@@ -398,7 +516,7 @@ std::vector<at::Tensor> osc_block(at::Tensor x, at::Tensor h, at::Tensor a, at::
   const int64_t H = x.size(1);
   at::Tensor hs = checked(real_state(h), x, "the state");
   a = checked(a, x, "a"); b = checked(b, x, "b"); c = checked(c, x, "c"); d = checked(d, x, "d");
-  TORCH_CHECK(a.dim() == 3 && a.size(1) == a.size(2), "osc_block: a must be (P, K, K)");
+  TORCH_CHECK(a.dim() == 3 && a.size(1) == a.size(2) && a.size(1) >= 2, "osc_block: a must be (P, K, K), K >= 2");
   const int64_t P = a.size(0), K = a.size(1);
   TORCH_CHECK(b.dim() == 4 && b.size(0) == P && b.size(1) == H && b.size(2) == K && b.size(3) == 2,
               "osc_block: b must be (P, H, K, 2)");
@@ -411,6 +529,30 @@ std::vector<at::Tensor> osc_block(at::Tensor x, at::Tensor h, at::Tensor a, at::
     return OscCore<T>{hs.data_ptr<T>(), a.data_ptr<T>(), b.data_ptr<T>(), c.data_ptr<T>(), d.data_ptr<T>(),
                       hn.data_ptr<T>(), H, P, K};
   });
+}
+
+std::vector<at::Tensor> selective_block(at::Tensor x, at::Tensor conv, at::Tensor ssm, std::vector<at::Tensor> t,
+                                        ZOO_COMMON_ARGS) {
+  const Common cm = common(x, ZOO_COMMON_PASS);
+  x = x.contiguous();
+  for (auto& u : t) u = u.numel() > 0 ? checked(u, x, "a selective tensor") : u;
+  const auto n = selective_sizes(t);
+  TORCH_CHECK(n[0] == x.size(1), "selective_block: W_in must be (2Di, H)");
+  conv = checked(conv, x, "the conv state");
+  ssm = checked(ssm, x, "the ssm state");
+  TORCH_CHECK(conv.dim() == 3 && conv.size(0) == x.size(0) && conv.size(1) == n[1] && conv.size(2) == n[3] - 1,
+              "selective_block: the conv state must be (B, Di, K-1)");
+  TORCH_CHECK(ssm.dim() == 3 && ssm.size(0) == x.size(0) && ssm.size(1) == n[1] && ssm.size(2) == n[2],
+              "selective_block: the ssm state must be (B, Di, N)");
+  auto z = at::empty_like(x);
+  auto cn = at::empty_like(conv);
+  auto sn = at::empty_like(ssm);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "selective_block", [&] {
+    std::vector<scalar_t> scratch(selective_scratch(n));
+    run<scalar_t>(x, z, cm, selective_core<scalar_t>(t, n, conv.data_ptr<scalar_t>(), ssm.data_ptr<scalar_t>(),
+                                                     cn.data_ptr<scalar_t>(), sn.data_ptr<scalar_t>(), scratch.data()));
+  });
+  return {z, cn, sn};
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -445,89 +587,185 @@ c10::optional<at::Tensor> tensor_of(PyObject* o) {
   return t;
 }
 
-// What one watched dict held when the program was built: its entries in order, and for an entry that
-// is itself a dict or a list, that one's entries (a module's _parameters, _modules, hook dicts; a
-// schedule); a set is held to its size.
-struct Snapshot {
-  py::dict dict;
-  std::vector<std::pair<py::object, py::object>> items;
-  std::vector<std::vector<std::pair<py::object, py::object>>> inner;  // per item: a dict's or list's entries
-  std::vector<Py_ssize_t> sizes;                                       // per item: a set's size, else -1
+// One entry of a watched object's __dict__ as the program was built: held weakly where it can be
+// (modules, functions: the program must not keep the model alive through them, e.g. through a hook
+// that refers to the model), else strongly (tensors, numbers, strings, tuples); a dict's or a list's
+// contents one level down instead of the container itself (a module's _parameters, _modules, hook
+// dicts; a schedule); a set by its size.
+struct Seen {
+  enum Kind { WEAK, STRONG, DICT, LIST, SET } kind = STRONG;
+  py::object key;  // the dict's key (None in a list)
+  py::object ref;  // WEAK: a weakref to the value; STRONG: the value
+  std::vector<Seen> inner;
+  Py_ssize_t size = 0;
 
-  static std::vector<std::pair<py::object, py::object>> entries(PyObject* v) {
-    std::vector<std::pair<py::object, py::object>> out;
-    if (PyDict_Check(v)) {
+  Seen(PyObject* k, PyObject* v, bool deep) : key(py::reinterpret_borrow<py::object>(k)) {
+    if (deep && PyDict_Check(v)) {
+      kind = DICT;
       Py_ssize_t pos = 0;
-      PyObject *k, *x;
-      while (PyDict_Next(v, &pos, &k, &x)) out.emplace_back(py::reinterpret_borrow<py::object>(k), py::reinterpret_borrow<py::object>(x));
-    } else if (PyList_Check(v)) {
-      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(v); ++i)
-        out.emplace_back(py::none(), py::reinterpret_borrow<py::object>(PyList_GET_ITEM(v, i)));
+      PyObject *kk, *x;
+      while (PyDict_Next(v, &pos, &kk, &x)) inner.emplace_back(kk, x, false);
+    } else if (deep && PyList_Check(v)) {
+      kind = LIST;
+      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(v); ++i) inner.emplace_back(Py_None, PyList_GET_ITEM(v, i), false);
+    } else if (PyAnySet_Check(v)) {
+      kind = SET;
+      size = PySet_GET_SIZE(v);
+    } else if (THPVariable_Check(v)) {  // held (a tensor does not refer to the model; a weakref to it would make
+      ref = py::reinterpret_borrow<py::object>(v);  // torch.utils.swap_tensors refuse it)
+    } else if (PyObject* w = PyWeakref_NewRef(v, nullptr)) {
+      kind = WEAK;
+      ref = py::reinterpret_steal<py::object>(w);
+    } else {  // not weakly referenceable: held
+      PyErr_Clear();
+      ref = py::reinterpret_borrow<py::object>(v);
     }
-    return out;
   }
 
-  static bool same_entries(PyObject* v, const std::vector<std::pair<py::object, py::object>>& was) {
-    if (PyDict_Check(v)) {
-      if (PyDict_Size(v) != static_cast<Py_ssize_t>(was.size())) return false;
-      Py_ssize_t pos = 0;
-      PyObject *k, *x;
-      size_t i = 0;
-      while (PyDict_Next(v, &pos, &k, &x)) {
-        if (k != was[i].first.ptr() || x != was[i].second.ptr()) return false;
-        ++i;
+  // Whether the entry (k, v) now is what was seen.
+  bool same(PyObject* k, PyObject* v) const {
+    if (k != key.ptr()) return false;
+    switch (kind) {
+      case WEAK: {
+        PyObject* was = PyWeakref_GetObject(ref.ptr());  // None once the value is gone
+        return was != Py_None && was == v;
       }
-      return true;
+      case STRONG: return v == ref.ptr();
+      case SET: return PyAnySet_Check(v) && PySet_GET_SIZE(v) == size;
+      case DICT: {
+        if (!PyDict_Check(v) || PyDict_Size(v) != static_cast<Py_ssize_t>(inner.size())) return false;
+        Py_ssize_t pos = 0;
+        PyObject *kk, *x;
+        size_t i = 0;
+        while (PyDict_Next(v, &pos, &kk, &x))
+          if (!inner[i++].same(kk, x)) return false;
+        return true;
+      }
+      case LIST: {
+        if (!PyList_Check(v) || PyList_GET_SIZE(v) != static_cast<Py_ssize_t>(inner.size())) return false;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(v); ++i)
+          if (!inner[i].same(Py_None, PyList_GET_ITEM(v, i))) return false;
+        return true;
+      }
     }
-    if (PyList_Check(v)) {
-      if (PyList_GET_SIZE(v) != static_cast<Py_ssize_t>(was.size())) return false;
-      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(v); ++i)
-        if (PyList_GET_ITEM(v, i) != was[i].second.ptr()) return false;
-    }
-    return true;
+    return false;
+  }
+};
+
+// A watched object (every module of the model, its pool), held weakly where it can be, and its
+// __dict__'s entries as the program was built (in order: a key deleted and added again is a change),
+// but the entry named `skip` (where the model keeps this program: zoo_core.nn.lean).
+struct ObjectWatch {
+  py::object ref;
+  bool weak = false;
+  PyObject* skip;  // borrowed: the program holds it
+  std::vector<Seen> entries;
+
+  static PyObject* dict_of(PyObject* o) {  // a new reference, or null (no __dict__)
+    PyObject* d = PyObject_GenericGetDict(o, nullptr);
+    if (d == nullptr) PyErr_Clear();
+    return d;
   }
 
-  explicit Snapshot(py::dict d) : dict(std::move(d)) {
+  ObjectWatch(py::handle o, PyObject* skip_key) : skip(skip_key) {
+    if (PyObject* w = PyWeakref_NewRef(o.ptr(), nullptr)) {
+      ref = py::reinterpret_steal<py::object>(w);
+      weak = true;
+    } else {
+      PyErr_Clear();
+      ref = py::reinterpret_borrow<py::object>(o);
+    }
+    PyObject* d = dict_of(o.ptr());
+    if (d == nullptr) return;
     Py_ssize_t pos = 0;
     PyObject *k, *v;
-    while (PyDict_Next(dict.ptr(), &pos, &k, &v)) {
-      items.emplace_back(py::reinterpret_borrow<py::object>(k), py::reinterpret_borrow<py::object>(v));
-      inner.push_back(entries(v));
-      sizes.push_back(PyAnySet_Check(v) ? PySet_GET_SIZE(v) : -1);
-    }
+    while (PyDict_Next(d, &pos, &k, &v))
+      if (k != skip) entries.emplace_back(k, v, true);
+    Py_DECREF(d);
   }
 
   bool same() const {
-    PyObject* d = dict.ptr();
-    if (PyDict_Size(d) != static_cast<Py_ssize_t>(items.size())) return false;
+    PyObject* o = weak ? PyWeakref_GetObject(ref.ptr()) : ref.ptr();
+    if (o == Py_None) return false;
+    PyObject* d = dict_of(o);
+    if (d == nullptr) return entries.empty();
+    bool ok = true;
     Py_ssize_t pos = 0;
     PyObject *k, *v;
     size_t i = 0;
-    while (PyDict_Next(d, &pos, &k, &v)) {
-      if (k != items[i].first.ptr() || v != items[i].second.ptr()) return false;
-      if (sizes[i] >= 0 ? PySet_GET_SIZE(v) != sizes[i] : !same_entries(v, inner[i])) return false;
+    while (ok && PyDict_Next(d, &pos, &k, &v)) {
+      if (k == skip) continue;
+      ok = i < entries.size() && entries[i].same(k, v);
       ++i;
     }
-    return true;
+    Py_DECREF(d);
+    return ok && i == entries.size();
   }
 };
 
-// A watched tensor (a parameter or buffer): its storage and in-place version when the program was built.
-struct Watched {
-  at::Tensor t;
-  const void* data;
-  int64_t version;
+// A watched tensor (every parameter and buffer): the Python object (held: it does not refer to the
+// model, and holding it keeps torch.utils.swap_tensors working, which a C++ reference would not) and
+// what it was when the program was built: its TensorImpl (swap_tensors replaces it), storage (held, so
+// its address cannot be handed to another allocation), data pointer, offset, sizes, strides, dtype and
+// in-place version. An edit through `.data` that keeps all of those (an in-place op on `p.data`) is not
+// seen, as `CoreBase.cached` does not see it either.
+struct TensorWatch {
+  py::object obj;
+  const c10::TensorImpl* impl;
+  bool stored, versioned = true;
+  c10::Storage storage;
+  const void* data = nullptr;
+  int64_t offset = 0, version = 0;
+  std::vector<int64_t> sizes, strides;
   at::ScalarType dtype;
+
+  explicit TensorWatch(py::handle o) : obj(py::reinterpret_borrow<py::object>(o)) {
+    TORCH_CHECK(THPVariable_Check(o.ptr()), "StepProgram: a watched tensor must be a tensor");
+    const at::Tensor& t = THPVariable_Unpack(o.ptr());
+    impl = t.unsafeGetTensorImpl();
+    stored = t.has_storage() && t.layout() == at::kStrided;
+    if (stored) {
+      storage = t.storage();
+      data = t.data_ptr();
+      offset = t.storage_offset();
+      strides = t.strides().vec();
+    }
+    sizes = t.sizes().vec();
+    dtype = t.scalar_type();
+    try {
+      version = t._version();
+    } catch (const c10::Error&) {  // no version counter (an inference tensor): the caller keeps those out
+      versioned = false;
+    }
+  }
+
+  bool changed() const {
+    const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+    if (t.unsafeGetTensorImpl() != impl || t.scalar_type() != dtype || t.sizes() != at::IntArrayRef(sizes)) return true;
+    if (stored && (!t.has_storage() || t.storage().unsafeGetStorageImpl() != storage.unsafeGetStorageImpl() ||
+                   t.data_ptr() != data || t.storage_offset() != offset || t.strides() != at::IntArrayRef(strides)))
+      return true;
+    return versioned && t._version() != version;
+  }
+};
+
+struct StateSpec {  // one named state tensor of a position: its shape without the batch
+  std::string key;
+  py::object name;          // the key as a Python str, made once
+  std::vector<int64_t> shape;  // a complex state: its real view's, (..., 2)
+  bool complex_ok;          // the state may come complex (the linear forms' "h")
 };
 
 struct Part {  // one depth position: its block's core form and settings, and the stack's damping there
-  int64_t core;  // 0 diag, 1 dplr, 2 osc
+  int64_t core;  // 0 diag, 1 dplr, 2 osc, 3 selective
   bool per_channel;
   std::vector<at::Tensor> t;
   Common c;
-  double alpha;
-  std::vector<int64_t> state;  // the state's real-view shape without the batch: (..., 2)
-  int64_t numel;               // of that
+  double alpha;                            // the stack's damping at this position, fixed
+  c10::optional<at::Tensor> alpha_logit;   // or learned: sigmoid(logit[alpha_index]), read at each call
+  int64_t alpha_index = 0;
+  std::vector<StateSpec> states;
+  std::vector<int64_t> sizes;  // the selective form's H, Di, N, K, R
 };
 
 c10::optional<at::Tensor> opt_tensor(const py::handle& o) {
@@ -538,10 +776,10 @@ c10::optional<at::Tensor> opt_tensor(const py::handle& o) {
 class StepProgram {
  public:
   StepProgram(py::tuple encoder, py::list parts, py::tuple final_norm, py::tuple head, int64_t pool,
-              std::vector<at::Tensor> watch, py::list dicts, py::list global_hooks, py::object state_cls,
+              py::list watch, py::list objects, py::object skip, py::list global_hooks, py::object state_cls,
               py::object pool_cls, py::object depth_key)
       : pool_(pool), global_hooks_(global_hooks), state_cls_(state_cls), pool_cls_(pool_cls), depth_key_(depth_key) {
-    watching(watch, dicts);
+    watching(watch, objects, skip);
     enc_ = encoder[0].cast<int64_t>();
     enc_w_ = opt_tensor(encoder[1]);
     enc_b_ = opt_tensor(encoder[2]);
@@ -579,25 +817,34 @@ class StepProgram {
       part.c = common(probe, p[3].cast<int64_t>(), opt_tensor(p[4]), opt_tensor(p[5]), opt_tensor(p[6]), opt_tensor(p[7]),
                       p[8].cast<double>(), p[9].cast<bool>(), p[10].cast<int64_t>(), p[11].cast<int64_t>(),
                       opt_tensor(p[12]), opt_tensor(p[13]), p[14].cast<bool>());
-      part.alpha = p[15].cast<double>();
-      for (auto& t : part.t) t = checked(t, probe, "a core tensor");
+      if (py::isinstance<py::tuple>(p[15])) {  // learned damping: (logit (blocks,), this position's block)
+        py::tuple a = p[15].cast<py::tuple>();
+        part.alpha = 1.0;
+        part.alpha_logit = checked(THPVariable_Unpack(a[0].ptr()), probe, "the damping logit");
+        part.alpha_index = a[1].cast<int64_t>();
+        TORCH_CHECK(part.alpha_index >= 0 && part.alpha_index < part.alpha_logit->numel(), "StepProgram: damping index");
+      } else {
+        part.alpha = p[15].cast<double>();
+      }
+      for (auto& t : part.t) t = t.numel() > 0 || part.core != 3 ? checked(t, probe, "a core tensor") : t;
       shape(part);
       parts_.push_back(std::move(part));
     }
+    release();
   }
 
   // A program that takes no call (DECLINED) until something it watches changes (STALE): what stands for
   // a model the program cannot compute, so the caller tries again only after a change.
-  StepProgram(std::vector<at::Tensor> watch, py::list dicts) : declines_(true) { watching(watch, dicts); }
+  StepProgram(py::list watch, py::list objects, py::object skip) : declines_(true) { watching(watch, objects, skip); }
 
-  // Whether anything the program was built from has changed: a watched dict's entries (a module
-  // replaced, a setting or training flag set, a hook added, a parameter reassigned), a watched tensor's
-  // storage, dtype or in-place version.
+  // Whether anything the program was built from has changed: a watched object's __dict__ (a module
+  // replaced or gone, a setting or training flag set, a hook added, a parameter reassigned), a watched
+  // tensor (TensorImpl, storage, layout, dtype, in-place version).
   bool stale() const {
-    for (const auto& w : watch_)
-      if (w.t.data_ptr() != w.data || w.t._version() != w.version || w.t.scalar_type() != w.dtype) return true;
-    for (const auto& s : snaps_)
-      if (!s.same()) return true;
+    for (const auto& w : tensors_)
+      if (w.changed()) return true;
+    for (const auto& o : objects_)
+      if (!o.same()) return true;
     return false;
   }
 
@@ -608,6 +855,7 @@ class StepProgram {
       return py::int_(DECLINED);
     if (stale()) return py::int_(STALE);
     if (declines_) return py::int_(DECLINED);
+    Bound bound(*this);  // the tensors it reads, held in C++ for this call only
     if (Py_TYPE(state_obj.ptr()) != reinterpret_cast<PyTypeObject*>(state_cls_.ptr())) return py::int_(DECLINED);
     auto x = tensor_of(x_obj.ptr());
     if (!x.has_value()) return py::int_(DECLINED);
@@ -624,22 +872,23 @@ class StepProgram {
     if (!PyList_Check(layers_obj.ptr()) || PyList_GET_SIZE(layers_obj.ptr()) != static_cast<Py_ssize_t>(parts_.size()))
       return py::int_(DECLINED);
     const at::ScalarType cdtype = dtype_ == at::kFloat ? at::kComplexFloat : at::kComplexDouble;
-    std::vector<at::Tensor> hs;
-    std::vector<bool> complex;
+    std::vector<std::vector<at::Tensor>> hs(parts_.size());
     for (size_t i = 0; i < parts_.size(); ++i) {
       PyObject* layer = PyList_GET_ITEM(layers_obj.ptr(), i);
-      if (!PyDict_Check(layer) || PyDict_Size(layer) != 1) return py::int_(DECLINED);
-      auto h = tensor_of(PyDict_GetItemString(layer, "h"));
-      if (!h.has_value() || !h->is_contiguous()) return py::int_(DECLINED);
-      const bool cx = h->scalar_type() == cdtype;
-      if (!cx && h->scalar_type() != dtype_) return py::int_(DECLINED);
-      const auto& want = parts_[i].state;  // (..., 2): complex drops the last
-      const size_t dims = want.size() + (cx ? 0 : 1);
-      if (static_cast<size_t>(h->dim()) != dims || h->size(0) != B) return py::int_(DECLINED);
-      for (size_t k = 0; k + 1 < dims; ++k)
-        if (h->size(k + 1) != want[k]) return py::int_(DECLINED);
-      hs.push_back(*h);
-      complex.push_back(cx);
+      const auto& specs = parts_[i].states;
+      if (!PyDict_Check(layer) || PyDict_Size(layer) != static_cast<Py_ssize_t>(specs.size())) return py::int_(DECLINED);
+      for (const auto& spec : specs) {
+        auto h = tensor_of(PyDict_GetItem(layer, spec.name.ptr()));
+        if (!h.has_value() || !h->is_contiguous()) return py::int_(DECLINED);
+        const bool cx = spec.complex_ok && h->scalar_type() == cdtype;
+        if (!cx && h->scalar_type() != dtype_) return py::int_(DECLINED);
+        const auto& want = spec.shape;  // a complex state drops the real view's last (2)
+        const size_t dims = want.size() + (cx ? 0 : 1);
+        if (static_cast<size_t>(h->dim()) != dims || h->size(0) != B) return py::int_(DECLINED);
+        for (size_t k = 0; k + 1 < dims; ++k)
+          if (h->size(k + 1) != want[k]) return py::int_(DECLINED);
+        hs[i].push_back(*h);
+      }
     }
     py::object pools_obj = state_obj.attr("pools");
     c10::optional<at::Tensor> total, count;
@@ -669,8 +918,9 @@ class StepProgram {
     // outputs
     auto opts = head_w_.options();
     at::Tensor y = at::empty({B, O_}, opts);
-    std::vector<at::Tensor> hn;
-    for (size_t i = 0; i < parts_.size(); ++i) hn.push_back(at::empty_like(hs[i]));
+    std::vector<std::vector<at::Tensor>> hn(parts_.size());
+    for (size_t i = 0; i < parts_.size(); ++i)
+      for (const auto& h : hs[i]) hn[i].push_back(at::empty_like(h));
     at::Tensor tin = t->contiguous(), t1 = at::empty_like(tin);
     at::Tensor total1, count1, last1;
     if (pool_ != 0) {
@@ -687,7 +937,8 @@ class StepProgram {
     py::list layers;
     for (size_t i = 0; i < parts_.size(); ++i) {
       py::dict d;
-      d["h"] = py::reinterpret_steal<py::object>(THPVariable_Wrap(hn[i]));
+      for (size_t k = 0; k < hn[i].size(); ++k)
+        d[parts_[i].states[k].name] = py::reinterpret_steal<py::object>(THPVariable_Wrap(hn[i][k]));
       layers.append(d);
     }
     py::dict pools;
@@ -701,29 +952,72 @@ class StepProgram {
   }
 
  private:
-  void watching(const std::vector<at::Tensor>& watch, const py::list& dicts) {
-    for (const auto& t : watch) {
-      TORCH_CHECK(!t.is_inference(), "StepProgram: an inference tensor has no version to watch");
-      watch_.push_back({t, t.data_ptr(), t._version(), t.scalar_type()});
-    }
-    for (const auto& d : dicts) snaps_.emplace_back(d.cast<py::dict>());
+  void watching(const py::list& watch, const py::list& objects, py::object skip) {
+    skip_ = std::move(skip);
+    for (const auto& t : watch) tensors_.emplace_back(t);
+    for (const auto& o : objects) objects_.emplace_back(o, skip_.ptr());
   }
+
+  // Between calls the program holds the tensors it reads as their Python objects only (a C++ reference,
+  // even a weak one, would make torch.utils.swap_tensors refuse the model's parameters): every one is a
+  // tensor Python holds (the model's or a core's cache); a contiguous copy of a strided one is refused.
+  std::vector<std::pair<at::Tensor*, py::object>> slots_;
+
+  void release() {
+    auto add = [&](at::Tensor* t) {
+      if (!t->defined() || t->numel() == 0) return;  // an absent part's empty tensor stays held
+      TORCH_CHECK(t->use_count() > 1, "StepProgram: a tensor the model does not hold (not contiguous?)");
+      slots_.emplace_back(t, py::reinterpret_steal<py::object>(THPVariable_Wrap(*t)));  // its Python object
+    };
+    auto add_opt = [&](c10::optional<at::Tensor>& t) {
+      if (t.has_value()) add(&*t);
+    };
+    add_opt(enc_w_);
+    add_opt(enc_b_);
+    add(&head_w_);
+    add_opt(head_b_);
+    add_opt(final_.nw);
+    add_opt(final_.nb);
+    for (auto& p : parts_) {
+      for (auto& t : p.t) add(&t);
+      for (auto* t : {&p.c.nw, &p.c.nb, &p.c.nm, &p.c.nv, &p.c.ow, &p.c.ob, &p.alpha_logit}) add_opt(*t);
+    }
+    for (auto& slot : slots_) *slot.first = at::Tensor();  // from now on through the Python object
+  }
+
+  struct Bound {  // every slot's tensor, held in C++ while a call runs
+    StepProgram& p;
+    explicit Bound(StepProgram& program) : p(program) {
+      for (auto& slot : p.slots_) *slot.first = THPVariable_Unpack(slot.second.ptr());
+    }
+    ~Bound() {
+      for (auto& slot : p.slots_) *slot.first = at::Tensor();
+    }
+  };
 
   void shape(Part& p) {
     const auto& t = p.t;
-    TORCH_CHECK(p.core >= 0 && p.core <= 2, "StepProgram: core kind 0..2");
+    TORCH_CHECK(p.core >= 0 && p.core <= 3, "StepProgram: core kind 0..3");
+    std::vector<int64_t> h;  // the linear forms' one state "h" (real view)
+    if (p.core == 3) {
+      p.sizes = selective_sizes(t);
+      TORCH_CHECK(p.sizes[0] == H_, "StepProgram: the selective core's W_in must be (2Di, H)");
+      p.states = {{"conv", py::str("conv"), {p.sizes[1], p.sizes[3] - 1}, false},
+                  {"ssm", py::str("ssm"), {p.sizes[1], p.sizes[2]}, false}};
+      return;
+    }
     if (p.core == 0) {
       TORCH_CHECK(t.size() == 4, "StepProgram: a diagonal core has a, b, c, d");
       const at::Tensor &a = t[0], &b = t[1], &c = t[2];
       if (p.per_channel) {
         TORCH_CHECK(a.dim() == 3 && a.size(0) == H_ && a.size(2) == 2 && b.sizes() == a.sizes() && c.sizes() == a.sizes(),
                     "StepProgram: per-channel a, b, c must be (H, P, 2)");
-        p.state = {H_, a.size(1), 2};
+        h = {H_, a.size(1), 2};
       } else {
         const int64_t P = a.size(0);
         TORCH_CHECK(a.dim() == 2 && a.size(1) == 2 && b.dim() == 2 && b.size(0) == H_ && b.size(1) == 2 * P &&
                     c.dim() == 2 && c.size(0) == 2 * P && c.size(1) == H_, "StepProgram: shared a (P, 2), b (H, 2P), c (2P, H)");
-        p.state = {P, 2};
+        h = {P, 2};
       }
       TORCH_CHECK(t[3].numel() == H_, "StepProgram: d must be (H,)");
     } else if (p.core == 1) {
@@ -732,23 +1026,23 @@ class StepProgram {
         TORCH_CHECK(t[i].dim() == 3 && t[i].size(0) == H_ && t[i].size(2) == 2 && t[i].sizes() == t[0].sizes(),
                     "StepProgram: every DPLR step matrix must be (H, M, 2)");
       TORCH_CHECK(t[6].numel() == H_, "StepProgram: d must be (H,)");
-      p.state = {H_, t[0].size(1), 2};
+      h = {H_, t[0].size(1), 2};
     } else {
       TORCH_CHECK(t.size() == 4, "StepProgram: an oscillator core has a, b, c, d");
       const at::Tensor &a = t[0], &b = t[1], &c = t[2];
-      TORCH_CHECK(a.dim() == 3 && a.size(1) == a.size(2), "StepProgram: a must be (P, K, K)");
+      TORCH_CHECK(a.dim() == 3 && a.size(1) == a.size(2) && a.size(1) >= 2, "StepProgram: a must be (P, K, K), K >= 2");
       const int64_t P = a.size(0), K = a.size(1);
       TORCH_CHECK(b.dim() == 4 && b.size(0) == P && b.size(1) == H_ && b.size(2) == K && b.size(3) == 2 && c.dim() == 3 &&
                   c.size(0) == H_ && c.size(1) == P && c.size(2) == 2, "StepProgram: b (P, H, K, 2), c (H, P, 2)");
       TORCH_CHECK(t[3].numel() == H_, "StepProgram: d must be (H,)");
-      p.state = {P, K, 2};
+      h = {P, K, 2};
     }
-    p.numel = 1;
-    for (auto n : p.state) p.numel *= n;
+    p.states = {{"h", py::str("h"), h, true}};
   }
 
   template <typename T>
-  void compute(int64_t B, const at::Tensor& x, const std::vector<at::Tensor>& hs, std::vector<at::Tensor>& hn,
+  void compute(int64_t B, const at::Tensor& x, const std::vector<std::vector<at::Tensor>>& hs,
+               std::vector<std::vector<at::Tensor>>& hn,
                at::Tensor& y, const c10::optional<at::Tensor>& total, const c10::optional<at::Tensor>& count,
                at::Tensor& total1, at::Tensor& count1, at::Tensor& last1) {
     const int64_t H = H_;
@@ -761,6 +1055,10 @@ class StepProgram {
     const T* hw = head_w_.data_ptr<T>();
     const T* hb = optp<T>(head_b_);
     const Norm fn{final_.norm, optp<T>(final_.nw), optp<T>(final_.nb), nullptr, nullptr, final_.eps};
+    int64_t need = 0;
+    for (const auto& p : parts_)
+      if (p.core == 3) need = std::max(need, selective_scratch(p.sizes));
+    std::vector<T> sel(need);  // the selective cores' scratch
     std::vector<Norm> norms;
     for (const auto& p : parts_)
       norms.push_back({p.c.norm, optp<T>(p.c.nw), optp<T>(p.c.nb), optp<T>(p.c.nm), optp<T>(p.c.nv), p.c.eps});
@@ -782,8 +1080,8 @@ class StepProgram {
       }
       for (size_t i = 0; i < parts_.size(); ++i) {
         const Part& p = parts_[i];
-        const T* S = static_cast<const T*>(hs[i].data_ptr());  // complex states read as their (re, im) pairs
-        T* N = static_cast<T*>(hn[i].data_ptr());
+        const T* S = static_cast<const T*>(hs[i][0].data_ptr());  // complex states read as their (re, im) pairs
+        T* N = static_cast<T*>(hn[i][0].data_ptr());
         const Common& c = p.c;
         const T* ow = optp<T>(c.ow);
         const T* ob = optp<T>(c.ob);
@@ -796,13 +1094,20 @@ class StepProgram {
           DPLRCore<T> core{S, t[0].data_ptr<T>(), t[1].data_ptr<T>(), t[2].data_ptr<T>(), t[3].data_ptr<T>(),
                            t[4].data_ptr<T>(), t[5].data_ptr<T>(), t[6].data_ptr<T>(), N, H, t[0].size(1)};
           block_row(h, z, H, norms[i], c.prenorm, c.act, c.out, ow, ob, c.residual, core, r, u, yy, v, w);
-        } else {
+        } else if (p.core == 2) {
           OscCore<T> core{S, t[0].data_ptr<T>(), t[1].data_ptr<T>(), t[2].data_ptr<T>(), t[3].data_ptr<T>(), N, H,
                           t[0].size(0), t[0].size(1)};
           block_row(h, z, H, norms[i], c.prenorm, c.act, c.out, ow, ob, c.residual, core, r, u, yy, v, w);
+        } else {
+          auto core = selective_core<T>(t, p.sizes, S, static_cast<const T*>(hs[i][1].data_ptr()), N,
+                                        static_cast<T*>(hn[i][1].data_ptr()), sel.data());
+          block_row(h, z, H, norms[i], c.prenorm, c.act, c.out, ow, ob, c.residual, core, r, u, yy, v, w);
         }
-        if (p.alpha == 1.0) for (int64_t k = 0; k < H; ++k) h[k] = z[k];
-        else for (int64_t k = 0; k < H; ++k) h[k] = (T(1) - T(p.alpha)) * h[k] + T(p.alpha) * z[k];
+        // the stack's damping (1 - α) h + α z, with α = sigmoid(logit) where it is learned (read now)
+        const T alpha = p.alpha_logit.has_value()
+                            ? T(1) / (T(1) + std::exp(-p.alpha_logit->data_ptr<T>()[p.alpha_index])) : T(p.alpha);
+        if (!p.alpha_logit.has_value() && p.alpha == 1.0) for (int64_t k = 0; k < H; ++k) h[k] = z[k];
+        else for (int64_t k = 0; k < H; ++k) h[k] = (T(1) - alpha) * h[k] + alpha * z[k];
       }
       norm_row(h, hf, H, fn);  // hn: the final norm's output
       T* yr = Y + r * O_;
@@ -840,8 +1145,9 @@ class StepProgram {
   int64_t H_ = 0, O_ = 0, D_ = 0, V_ = 0;
   Common final_;
   std::vector<Part> parts_;
-  std::vector<Watched> watch_;
-  std::vector<Snapshot> snaps_;
+  std::vector<TensorWatch> tensors_;
+  std::vector<ObjectWatch> objects_;
+  py::object skip_;
   py::list global_hooks_;
   py::object state_cls_, pool_cls_, depth_key_;
 };
@@ -853,10 +1159,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("diag_block", &diag_block, "z (B, H), h' from x, the state and a DiagStream's tensors, then the block's");
   m.def("dplr_block", &dplr_block, "z (B, H), h' from x, the state and a DPLRStream's tensors, then the block's");
   m.def("osc_block", &osc_block, "z (B, H), h' from x, the state and a BlockStream's tensors, then the block's");
+  m.def("selective_block", &selective_block, "z (B, H), conv', ssm' from x, the states and a SelectiveStream's tensors, then the block's");
   py::class_<StepProgram>(m, "StepProgram", "a model's whole streaming step in one call (zoo_core.nn.lean)")
-      .def(py::init<py::tuple, py::list, py::tuple, py::tuple, int64_t, std::vector<at::Tensor>, py::list, py::list,
+      .def(py::init<py::tuple, py::list, py::tuple, py::tuple, int64_t, py::list, py::list, py::object, py::list,
                     py::object, py::object, py::object>())
-      .def(py::init<std::vector<at::Tensor>, py::list>())
+      .def(py::init<py::list, py::list, py::object>())
       .def("stale", &StepProgram::stale, "whether anything it was built from has changed since")
       .def("run", &StepProgram::run, "(output, state), or DECLINED (0) / STALE (1)");
   m.attr("DECLINED") = DECLINED;

@@ -33,7 +33,7 @@ transformers issue 48256, where Δ on padding kept decaying the prefilled state)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +45,7 @@ from zoo_core.kernels.short_conv import causal_conv, causal_conv_packed, causal_
 from zoo_core.packing import Segments
 from zoo_core.plugin_registry import Problem
 from zoo_core.protocols import OptimHint, State
+from zoo_core.stream import SelectiveStream
 
 from .params import MambaParams, resolve_rank
 from .scan import selective_step
@@ -174,6 +175,18 @@ class Mamba(CoreBase, params=MambaParams):
         return out, ({"conv": pasts, "ssm": h} if with_states else None)  # h (N, Di, N_state) with ends
 
     # streaming ---------------------------------------------------------------------------
+    def stream(self) -> SelectiveStream:
+        """What ``step`` reads that does not change between tokens (A computed once), for the fused
+        streaming kernel (``zoo_core.nn.lean``); cached while the parameters are unchanged."""
+        def make() -> SelectiveStream:
+            dt = self.dt_proj  # nn.Linear(R, Di), or _Bias (a fixed Δ): the bias alone
+            return SelectiveStream(
+                self.in_proj.weight, self.in_proj.bias, self.conv1d.weight[:, 0], self.conv1d.bias,
+                None if self.x_proj is None else self.x_proj.weight, dt.weight if isinstance(dt, nn.Linear) else None,
+                cast(Tensor, dt.bias), self.A(), None if self.tv_B else self.B, None if self.tv_C else self.C, self.D,
+                self.out_proj.weight, self.out_proj.bias)
+        return self.cached("stream", make)
+
     def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         """x_t (Bt, H) -> y_t (Bt, H); a constant-size state."""
         xi, z = self.in_proj(x_t).chunk(2, dim=-1)  # (Bt, Di) each
