@@ -240,6 +240,23 @@ def test_the_program_keeps_no_model_alive_and_takes_odd_buffers():
         assert lean.program_of(model) is False
 
 
+def test_weights_changing_at_every_step_stop_the_program(caplog):
+    """Online updates between steps make every program stale within a call: after a few, the model keeps
+    the plan (one fused call per block) rather than rebuilding a program each token, and says so once."""
+    model = build_model("specs/lru-jv.yaml", seed=0).eval()
+    x = example_input(model, 2, 12)
+    general = lambda xt, s: _general(model, xt, s)  # noqa: E731
+    with caplog.at_level(logging.INFO, logger="zoo_core.nn.lean"), torch.no_grad():
+        state, ref_state = model.init_state(2), model.init_state(2)
+        for t in range(x.shape[1]):
+            y, state = model.step(x[:, t], state)
+            y_ref, ref_state = general(x[:, t], ref_state)
+            torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+            model.head.bias.add_(0.01)  # an update between steps
+    assert lean.program_of(model) is False
+    assert sum("stops building its whole-step program" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_the_program_declines_what_it_does_not_take():
     """A token out of range raises the general path's error; a state in another dtype, a float64 input
     to a float32 model and a non-contiguous state take the plan, equal to the general path."""

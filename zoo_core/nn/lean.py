@@ -205,6 +205,7 @@ def fused_block(block: Block, norm: nn.Module, aten: Position) -> Position | Non
     return step
 
 
+_SHORT = 4  # a program stale within this many calls, this many times: none for the plan (``program_step``)
 _LARGEST = 65536  # the largest encoder or head matrix the program multiplies in its own loops
 _CORE_KINDS = {"diag_block": 0, "dplr_block": 1, "osc_block": 2, "selective_block": 3}
 _FINAL_NORMS = {nn.Identity: 0, nn.LayerNorm: 1, nn.RMSNorm: 2}
@@ -330,8 +331,14 @@ def program_step(model: SequenceModel, x_t: Tensor, state: ModelState) -> tuple[
     done = program.run(x_t, state)
     if done.__class__ is tuple:
         return cast("tuple[Tensor, ModelState]", done)
-    if done:  # STALE: built again by the next lean_plan
+    if done:  # STALE: built again by the next lean_plan, unless its weights change at nearly every step
+        kept.short_lived += program.calls < _SHORT
         kept.program = None
+        if kept.short_lived >= _SHORT:  # building one costs more than the calls it would save
+            kept.program = False
+            log_once(log, logging.INFO, "short-lived", "the lean streaming step stops building its whole-step program for "
+                     f"this model: {_SHORT} programs went stale within {_SHORT} calls (its weights or settings change "
+                     "between steps); each block stays one fused call")
     return None
 
 
@@ -404,11 +411,12 @@ class _Kept:
     it alive), and left out of pickles and deep copies (``SequenceModel.__getstate__``): a copy builds its
     own over its own modules (the original's plan would step the original's weights)."""
 
-    __slots__ = ("plan", "program")
+    __slots__ = ("plan", "program", "short_lived")
 
     def __init__(self, plan: LeanStep) -> None:
         self.plan = plan
         self.program: object = None
+        self.short_lived = 0  # programs that went stale within a few calls (weights changed between steps)
 
 
 def plan_of(model: nn.Module) -> LeanStep | None:

@@ -854,6 +854,7 @@ class StepProgram {
     if (at::autocast::is_autocast_enabled(at::kCPU) || c10::impl::TorchDispatchModeTLS::stack_len() > 0)
       return py::int_(DECLINED);
     if (stale()) return py::int_(STALE);
+    ++calls_;
     if (declines_) return py::int_(DECLINED);
     Bound bound(*this);  // the tensors it reads, held in C++ for this call only
     if (Py_TYPE(state_obj.ptr()) != reinterpret_cast<PyTypeObject*>(state_cls_.ptr())) return py::int_(DECLINED);
@@ -1138,6 +1139,10 @@ class StepProgram {
   }
 
   bool declines_ = false;
+ public:
+  int64_t calls_ = 0;  // the calls it found current since it was built (taken or declined)
+
+ private:
   int64_t enc_ = 0, pool_ = 0;
   c10::optional<at::Tensor> enc_w_, enc_b_, head_b_;
   at::Tensor head_w_;
@@ -1165,6 +1170,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     py::object, py::object, py::object>())
       .def(py::init<py::list, py::list, py::object>())
       .def("stale", &StepProgram::stale, "whether anything it was built from has changed since")
+      .def_readonly("calls", &StepProgram::calls_, "the calls it found current since it was built (taken or declined)")
       .def("run", &StepProgram::run, "(output, state), or DECLINED (0) / STALE (1)");
   m.attr("DECLINED") = DECLINED;
   m.attr("STALE") = STALE;
