@@ -24,12 +24,14 @@ The whole step in one call: where every part of the model is one the fused kerne
 or Embedding encoder, fused blocks, LayerNorm/RMSNorm/no final norm, a Linear head, a per-step, mean,
 last or mean-of-logits pool), ``SequenceModel.step`` skips even the plan: ``stream_block.cpp``'s
 ``StepProgram`` holds the model's tensors and settings and runs encoder, blocks, damping, head and pool
-in one C++ call (S4D's classifier: about 220 µs a token through the plan, 40 µs so). Before each call it
-checks, in C++, that nothing it was built from has changed: every module's ``__dict__`` (a module
-replaced, a setting or training flag set, a hook added, a parameter reassigned) and every parameter's
-and buffer's storage and in-place version; a change drops it and the next call builds it again. It
-declines a call it does not take (autocast, a dispatch mode, another dtype or state form, a token out
-of range), which then takes the plan.
+in one C++ call (S4D's classifier: about 250 µs a token through the plan, 40–55 µs so,
+``benchmarks/REPORT_STREAM.md``). Before each call it checks, in C++, that nothing it was built from
+has changed: every module's ``__dict__`` (a module replaced, a setting or training flag set, a hook
+added, a parameter reassigned; modules held weakly) and every parameter's and buffer's TensorImpl,
+storage, layout and in-place version; a change drops it and the next call builds it again (unless that
+happens within a few calls, again and again: then the plan stays). It declines a call it does not take
+(autocast, a dispatch mode, another dtype or state form, a token out of range), which then takes the
+plan. Plan and program are kept in the model (``_Kept``) and left out of its pickles and copies.
 
 Letters: B batch, D raw input channels, H model width, O outputs.
 """
@@ -174,7 +176,7 @@ def _kernels() -> object | None:
 def fused_block(block: Block, norm: nn.Module, aten: Position) -> Position | None:
     """The block's step as one call of the fused C++ kernel (``stream_block.cpp``), where its parts are
     the kernel's (a core whose cached ``stream()`` is one of ``zoo_core.stream``'s forms and whose
-    ``step`` is the one written beside it: S4D, S5, LRU, S4, LinOSS; LayerNorm, RMSNorm, a batch norm in
+    ``step`` is the one written beside it: S4D, S5, LRU, S4, LinOSS, Mamba; LayerNorm, RMSNorm, a batch norm in
     eval or none; the usual activations; GLU, linear or no output map, all of exactly these module
     types); None where they are not. At each call, what the kernel does not take (another dtype or
     device, a state of another precision, an activation changed since, an export's trace) goes to
