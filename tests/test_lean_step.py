@@ -240,6 +240,19 @@ def test_the_program_keeps_no_model_alive_and_takes_odd_buffers():
         assert lean.program_of(model) is False
 
 
+def test_a_batch_past_the_kernels_reach_takes_blas():
+    """The kernel multiplies matrices row by row: past ``_ROWS_X_WEIGHTS`` (rows × its largest matrix's
+    weights) the program declines and each block takes its separate ops (BLAS), equal to the general path."""
+    model = build_model("specs/s4d-basicmotions.yaml", seed=0).eval()
+    rows = lean._ROWS_X_WEIGHTS // (2 * model.d_model * model.d_model) + 1  # the GLU map's (2H, H) weight
+    x = example_input(model, rows, 3)
+    with torch.no_grad():
+        model.step(x[:1, 0], model.init_state(1))
+        assert lean.program_of(model).run(x[:, 0], model.init_state(rows)) == 0  # DECLINED
+        _assert_same(_stream(model, x, model.step), _stream(model, x, lambda xt, s: _general(model, xt, s)))
+        assert lean.program_of(model).run(x[:-1, 0], model.init_state(rows - 1)).__class__ is tuple
+
+
 def test_weights_changing_at_every_step_stop_the_program(caplog):
     """Online updates between steps make every program stale within a call: after a few, the model keeps
     the plan (one fused call per block) rather than rebuilding a program each token, and says so once."""

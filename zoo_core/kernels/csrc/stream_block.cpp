@@ -776,9 +776,9 @@ c10::optional<at::Tensor> opt_tensor(const py::handle& o) {
 class StepProgram {
  public:
   StepProgram(py::tuple encoder, py::list parts, py::tuple final_norm, py::tuple head, int64_t pool,
-              py::list watch, py::list objects, py::object skip, py::list global_hooks, py::object state_cls,
+              int64_t max_rows, py::list watch, py::list objects, py::object skip, py::list global_hooks, py::object state_cls,
               py::object pool_cls, py::object depth_key)
-      : pool_(pool), global_hooks_(global_hooks), state_cls_(state_cls), pool_cls_(pool_cls), depth_key_(depth_key) {
+      : pool_(pool), max_rows_(max_rows), global_hooks_(global_hooks), state_cls_(state_cls), pool_cls_(pool_cls), depth_key_(depth_key) {
     watching(watch, objects, skip);
     enc_ = encoder[0].cast<int64_t>();
     enc_w_ = opt_tensor(encoder[1]);
@@ -864,6 +864,7 @@ class StepProgram {
                   : (x->dim() != 2 || x->size(1) != D_ || x->scalar_type() != dtype_))
       return py::int_(DECLINED);
     const int64_t B = x->size(0);
+    if (B > max_rows_) return py::int_(DECLINED);  // a batch BLAS (the plan's separate ops) runs faster
     // the state: a plain stream's (no reshaping, not adaptive), one {"h": tensor} per position, the pool's
     py::object reshape = state_obj.attr("reshape"), adaptive = state_obj.attr("adaptive");
     if (!reshape.is_none() || !adaptive.is_none()) return py::int_(DECLINED);
@@ -1143,7 +1144,7 @@ class StepProgram {
   int64_t calls_ = 0;  // the calls it found current since it was built (taken or declined)
 
  private:
-  int64_t enc_ = 0, pool_ = 0;
+  int64_t enc_ = 0, pool_ = 0, max_rows_ = 0;
   c10::optional<at::Tensor> enc_w_, enc_b_, head_b_;
   at::Tensor head_w_;
   at::ScalarType dtype_ = at::kFloat;
@@ -1166,7 +1167,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("osc_block", &osc_block, "z (B, H), h' from x, the state and a BlockStream's tensors, then the block's");
   m.def("selective_block", &selective_block, "z (B, H), conv', ssm' from x, the states and a SelectiveStream's tensors, then the block's");
   py::class_<StepProgram>(m, "StepProgram", "a model's whole streaming step in one call (zoo_core.nn.lean)")
-      .def(py::init<py::tuple, py::list, py::tuple, py::tuple, int64_t, py::list, py::list, py::object, py::list,
+      .def(py::init<py::tuple, py::list, py::tuple, py::tuple, int64_t, int64_t, py::list, py::list, py::object, py::list,
                     py::object, py::object, py::object>())
       .def(py::init<py::list, py::list, py::object>())
       .def("stale", &StepProgram::stale, "whether anything it was built from has changed since")
