@@ -247,7 +247,7 @@ def _program_parts(model: SequenceModel) -> tuple[object, ...] | str:
         if bad:
             return why
     dtype = cast(nn.Linear, head).weight.dtype
-    largest = max(cast(nn.Linear, head).weight.numel(), cast(nn.Linear, enc).weight.numel() if type(enc) is nn.Linear else 0)
+    largest = max(cast(nn.Linear, head).weight.numel(), enc.weight.numel() if isinstance(enc, nn.Linear) else 0)
     if largest > _ROWS_X_WEIGHTS:  # a large matrix: F.linear's BLAS beats the program's loops
         return f"a matrix of {largest:,} weights in the head or encoder (more than {_ROWS_X_WEIGHTS:,}: BLAS is faster)"
     if enc is None or type(enc) is nn.Identity:
