@@ -22,6 +22,7 @@ Shapes: B batch, H channels (d_model), P states (M: S4's half state, K = 2: an o
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from math import prod
 from typing import TypeVar
 
@@ -302,13 +303,15 @@ class SelectiveStream:
 
     state_keys = ("conv", "ssm")
 
-    @property
+    # Both read at every fused step (``zoo_core.nn.lean``) and made once: the form is cached between tokens.
+    @cached_property
     def dtype(self) -> torch.dtype | None:
         """The one dtype of every tensor, None where they differ (a half-precision core keeps A and D in
         float32: the kernel does not take it)."""
-        dtypes = {t.dtype for t in self.tensors()}
+        dtypes = {t.dtype for t in self.tensors}
         return dtypes.pop() if len(dtypes) == 1 else None
 
+    @cached_property
     def tensors(self) -> list[Tensor]:
         """The kernel's 13 tensors in its order, an absent one as an empty tensor of w_in's dtype."""
         empty = self.w_in.new_empty(0)

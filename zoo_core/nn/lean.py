@@ -116,7 +116,7 @@ def _core_args(s: object) -> tuple[str, tuple[object, ...]] | None:
     if isinstance(s, BlockStream):
         return "osc_block", (s.a, s.b, s.c, s.d)
     if isinstance(s, SelectiveStream) and s.dtype is not None:
-        return "selective_block", (s.tensors(),)
+        return "selective_block", (s.tensors,)
     return None
 
 
