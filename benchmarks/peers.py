@@ -10,6 +10,7 @@ Letters: B batch, L length, H channels (d_model), N state size, M = N/2 stored p
 
 from __future__ import annotations
 
+import copy
 import functools
 import tempfile
 from collections.abc import Callable
@@ -390,6 +391,17 @@ def _lm_pair(d_model: int = 256, layers: int = 4, vocab: int = 1024) -> tuple[An
     return zoo, hf
 
 
+@functools.cache
+def _general_copy() -> Any:
+    """A copy of the zoo LM whose ``step`` takes the general streaming path, what decoding ran on before the
+    fused kernels: a forward hook (never called by ``step``) keeps ``SequenceModel.step`` off its lean plan
+    and whole-step program (``zoo_core.nn.lean``: a hooked module is not plain). The generation target
+    (issue 16: tokens/s ≥ 2× the zoo's before the kernels) is the ratio of ``zoo generate`` to this row."""
+    model = copy.deepcopy(_lm_pair()[0])  # the copy holds no plan (``SequenceModel.__getstate__`` drops it)
+    model.register_forward_hook(lambda module, args, out: None)
+    return model
+
+
 def _prompt(B: int) -> Tensor:
     return torch.randint(0, 1024, (B, 16), generator=torch.Generator().manual_seed(B))  # (B, 16)
 
@@ -410,6 +422,12 @@ def mamba_generate() -> list[Impl]:
         generate(model, ids, 2, compile=True)  # the one-time Inductor compile for this batch size, not timed
         return Built(lambda: generate(model, ids, s["L"], compile=True))
 
+    def zoo_general(s: Sizes, mode: str) -> Built:
+        from zoo_core.generate import generate
+
+        model, ids = _general_copy(), _prompt(s["B"])
+        return Built(lambda: generate(model, ids, s["L"]))
+
     def hf(s: Sizes, mode: str) -> Built:
         model, ids = _lm_pair()[1], _prompt(s["B"])
         mask = torch.ones_like(ids)
@@ -417,6 +435,7 @@ def mamba_generate() -> list[Impl]:
                                             use_cache=True))
 
     return [Impl("zoo generate", zoo, requires=("transformers",)),
+            Impl("zoo generate (general step)", zoo_general, requires=("transformers",)),
             Impl("zoo generate (compiled step)", zoo_compiled, requires=("transformers",)),
             Impl("transformers generate", hf, origin="peer", requires=("transformers",))]
 
@@ -431,6 +450,12 @@ def check_generate(family: Family) -> Row:
     b = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False, use_cache=True)
     assert torch.equal(a, b), "mamba/generate: the zoo and transformers decode different tokens on the same weights"
     assert torch.equal(generate(zoo, ids, 24, compile=True), a), "mamba/generate: the compiled step decodes other tokens"
+    from zoo_core.nn.lean import plan_of, program_of
+
+    general = _general_copy()
+    assert torch.equal(generate(general, ids, 24), a), "mamba/generate: the general step decodes other tokens"
+    assert plan_of(general) is None and program_of(zoo), \
+        "mamba/generate: the general-step row did not take the general path (or the fused row did not take the plan)"
     with torch.no_grad():
         _, st = zoo.forward_with_state(ids)
         size0 = _state_bytes(st)

@@ -240,6 +240,24 @@ def test_the_program_keeps_no_model_alive_and_takes_odd_buffers():
         assert lean.program_of(model) is False
 
 
+@pytest.mark.parametrize("path", FUSED)
+def test_a_row_steps_to_the_bit_alone_or_in_a_batch(path):
+    """The program reads each weight row once for the whole batch (and may split the rows over threads), but
+    every row's sums are the ones it computes for that row alone: a stream's output and state do not depend
+    on what else is in its batch. (BLAS, the plan's encoder and head, gives no such promise.)"""
+    model = build_model(path, seed=0).eval()
+    x = example_input(model, 5, 6)
+    with torch.no_grad():
+        model.step(x[:, 0], model.init_state(5))  # builds the program (this first step ran the plan)
+        ys, state = _stream(model, x, model.step)
+        assert lean.program_of(model)
+        for r in range(5):
+            y1, state1 = _stream(model, x[r:r + 1], model.step)
+            assert torch.equal(y1, ys[r:r + 1])
+            for k, t in state1.flatten().items():
+                assert torch.equal(t, state.flatten()[k][r:r + 1]), k
+
+
 def test_a_batch_past_the_kernels_reach_takes_blas():
     """The kernel multiplies matrices row by row: past ``_ROWS_X_WEIGHTS`` (rows × its largest matrix's
     weights) the program declines and each block takes its separate ops (BLAS), equal to the general path."""

@@ -23,7 +23,10 @@
 // 1 exact GELU, 2 tanh GELU, 3 SiLU, 4 ReLU. Output maps: 0 none, 1 linear, 2 GLU.
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/python.h>
@@ -35,6 +38,47 @@
 #include <vector>
 
 namespace {
+
+using at::vec::Vectorized;
+
+// Σ a[i]·b[i] in SIMD lanes with four accumulators. A scalar `acc += a[i] * b[i]` loop is one serial
+// chain of dependent adds that the compiler may not reorder (no -ffast-math): it ran at one multiply-add
+// per add latency, which made a width-256 Mamba LM's fused step slower than BLAS. The order of the sum
+// differs from a sequential one by float rounding only.
+template <typename T>
+T dot(const T* a, const T* b, int64_t n) {
+  using V = Vectorized<T>;
+  constexpr int64_t W = V::size();
+  V s0(T(0)), s1(T(0)), s2(T(0)), s3(T(0));
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    s0 = at::vec::fmadd(V::loadu(a + i), V::loadu(b + i), s0);
+    s1 = at::vec::fmadd(V::loadu(a + i + W), V::loadu(b + i + W), s1);
+    s2 = at::vec::fmadd(V::loadu(a + i + 2 * W), V::loadu(b + i + 2 * W), s2);
+    s3 = at::vec::fmadd(V::loadu(a + i + 3 * W), V::loadu(b + i + 3 * W), s3);
+  }
+  for (; i + W <= n; i += W) s0 = at::vec::fmadd(V::loadu(a + i), V::loadu(b + i), s0);
+  T acc = at::vec::vec_reduce_all<T>([](V& x, V& y) { return x + y; }, (s0 + s1) + (s2 + s3));
+  for (; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+// Y = X Wᵀ + b for n rows: W (O, I) row-major, X (n, I), Y (n, O); b may be null. Weight-row outer: each
+// row of W is read from memory once for all n rows (it stays in L1 while every row's dot uses it), so a
+// batch costs its multiply-adds, not n passes over the weights. Where a product has more than 2^18
+// multiply-adds its weight rows are split over ATen's intra-op threads (below that a fork costs more than
+// it saves). A row's result depends neither on n nor on the threads.
+template <typename T>
+void linear_rows(const T* W, const T* b, const T* X, T* Y, int64_t O, int64_t I, int64_t n) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, n * I));
+  at::parallel_for(0, O, grain, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) {
+      const T* w = W + o * I;
+      const T bias = b ? b[o] : T(0);
+      for (int64_t r = 0; r < n; ++r) Y[r * O + o] = bias + dot(w, X + r * I, I);
+    }
+  });
+}
 
 struct Norm {  // the block's norm: kind, affine weight and bias (or null), running statistics (batch norms)
   int64_t kind;
@@ -93,44 +137,58 @@ T activate(T v, int64_t kind) {
   }
 }
 
-// The block around a core, on one row: core(row, u, y) advances row `row`'s state from the normalised
-// input u (H) and writes the core's output y (H); everything else is the same for every core. Scratch
-// buffers: u, y, w of H and v of 2H.
+// A core's update on every row: its own batched `rows(B, U, Y)` where it has one (its matrices are read
+// once for the batch), else `core(r, u, y)` row by row. U, Y (B, H).
 template <typename T, typename Core>
-void block_row(const T* xr, T* zr, int64_t H, const Norm& norm, bool prenorm, int64_t act, int64_t out, const T* ow,
-               const T* ob, bool residual, const Core& core, int64_t r, T* u, T* y, T* v, T* w) {
-  if (prenorm) norm_row(xr, u, H, norm);
-  else for (int64_t i = 0; i < H; ++i) u[i] = xr[i];
-  core(r, u, y);
-  for (int64_t i = 0; i < H; ++i) y[i] = activate(y[i], act);
+void core_rows(const Core& core, int64_t B, int64_t H, const T* U, T* Y) {
+  if constexpr (requires { core.rows(B, U, Y); }) {
+    core.rows(B, U, Y);
+  } else {
+    for (int64_t r = 0; r < B; ++r) core(r, U + r * H, Y + r * H);
+  }
+}
+
+// The block around a core, on every row of X (B, H) into Z (B, H): the core advances each row's state
+// from the normalised input U and writes its output Y; everything else is the same for every core.
+// Scratch, B rows each: U, Y, W of H and V of 2H.
+template <typename T, typename Core>
+void block_rows(const T* X, T* Z, int64_t B, int64_t H, const Norm& norm, bool prenorm, int64_t act, int64_t out,
+                const T* ow, const T* ob, bool residual, const Core& core, T* U, T* Y, T* V, T* W) {
+  for (int64_t r = 0; r < B; ++r) {
+    if (prenorm) norm_row(X + r * H, U + r * H, H, norm);
+    else std::copy(X + r * H, X + (r + 1) * H, U + r * H);
+  }
+  core_rows(core, B, H, U, Y);
+  for (int64_t i = 0; i < B * H; ++i) Y[i] = activate(Y[i], act);
   if (out == 0) {
-    for (int64_t i = 0; i < H; ++i) w[i] = y[i];
+    std::copy(Y, Y + B * H, W);
   } else {
     const int64_t O = out == 2 ? 2 * H : H;
-    for (int64_t o = 0; o < O; ++o) {
-      T acc = ob ? ob[o] : T(0);
-      const T* wo = ow + o * H;
-      for (int64_t i = 0; i < H; ++i) acc += wo[i] * y[i];
-      v[o] = acc;
+    linear_rows(ow, ob, Y, V, O, H, B);
+    for (int64_t r = 0; r < B; ++r) {
+      const T* vr = V + r * O;
+      T* wr = W + r * H;
+      if (out == 2) for (int64_t i = 0; i < H; ++i) wr[i] = vr[i] / (T(1) + std::exp(-vr[H + i]));
+      else std::copy(vr, vr + H, wr);
     }
-    if (out == 2) for (int64_t i = 0; i < H; ++i) w[i] = v[i] / (T(1) + std::exp(-v[H + i]));
-    else for (int64_t i = 0; i < H; ++i) w[i] = v[i];
   }
-  for (int64_t i = 0; i < H; ++i) w[i] = residual ? xr[i] + w[i] : w[i];
-  if (prenorm) for (int64_t i = 0; i < H; ++i) zr[i] = w[i];
-  else norm_row(w, zr, H, norm);
+  for (int64_t r = 0; r < B; ++r) {
+    const T* xr = X + r * H;
+    T* wr = W + r * H;
+    if (residual) for (int64_t i = 0; i < H; ++i) wr[i] = xr[i] + wr[i];
+    if (prenorm) std::copy(wr, wr + H, Z + r * H);
+    else norm_row(wr, Z + r * H, H, norm);
+  }
 }
 
 template <typename T, typename Core>
 void run_block(const at::Tensor& x, at::Tensor& z, const Norm& norm, bool prenorm, int64_t act, int64_t out,
                const T* ow, const T* ob, bool residual, Core core) {
   const int64_t B = x.size(0), H = x.size(1);
-  const T* X = x.data_ptr<T>();
-  T* Z = z.data_ptr<T>();
-  std::vector<T> scratch(5 * H);
-  for (int64_t r = 0; r < B; ++r)
-    block_row(X + r * H, Z + r * H, H, norm, prenorm, act, out, ow, ob, residual, core, r, scratch.data(),
-              scratch.data() + H, scratch.data() + 2 * H, scratch.data() + 4 * H);
+  std::vector<T> scratch(5 * B * H);
+  T* S = scratch.data();
+  block_rows(x.data_ptr<T>(), z.data_ptr<T>(), B, H, norm, prenorm, act, out, ow, ob, residual, core, S, S + B * H,
+             S + 2 * B * H, S + 4 * B * H);
 }
 
 // Diagonal complex update (S4D per channel; S5, LRU shared): see the top of the file.
@@ -161,10 +219,11 @@ struct DiagCore {
     }
     const T* hr = Hs + r * P * 2;  // state (P, 2) per row; b (H, 2P), c (2P, H)
     T* nr = Hn + r * P * 2;
-    for (int64_t k = 0; k < 2 * P; ++k) {
-      T acc = 0;
-      for (int64_t i = 0; i < H; ++i) acc += u[i] * Bm[i * 2 * P + k];
-      nr[k] = acc;
+    for (int64_t k = 0; k < 2 * P; ++k) nr[k] = 0;
+    for (int64_t i = 0; i < H; ++i) {  // u @ b by rows of b: contiguous, and each nr[k] summed over i in order
+      const T ui = u[i];
+      const T* bi = Bm + i * 2 * P;
+      for (int64_t k = 0; k < 2 * P; ++k) nr[k] += ui * bi[k];
     }
     for (int64_t p = 0; p < P; ++p) {
       nr[2 * p] += A[2 * p] * hr[2 * p] - A[2 * p + 1] * hr[2 * p + 1];
@@ -275,21 +334,26 @@ struct SelectiveCore {
   T *Cn, *Sn;
   const T *Wi, *bi, *Wc, *bc, *Wx, *Wdt, *bdt, *A, *Bf, *Cf, *D, *Wo, *bo;
   int64_t H, Di, N, K, R;
-  T* scratch;  // 2Di (x, z) + Di (v) + R + 2N (W_x v) + Di (Δ) + Di (y)
+  T* scratch;  // per row: 2Di (x, z) + Di (v) + R + 2N (W_x v) + Di (y); Di (Δ) once (selective_scratch)
   static T softplus(T x) { return x > T(20) ? x : std::log1p(std::exp(x)); }  // F.softplus (threshold 20)
   static T silu(T x) { return x / (T(1) + std::exp(-x)); }
-  void operator()(int64_t r, const T* u, T* out) const {
-    T* xz = scratch;
-    T* v = xz + 2 * Di;
-    T* proj = v + Di;
-    T* delta = proj + R + 2 * N;
-    T* y = delta + Di;
-    for (int64_t o = 0; o < 2 * Di; ++o) {
-      T acc = bi ? bi[o] : T(0);
-      const T* w = Wi + o * H;
-      for (int64_t i = 0; i < H; ++i) acc += w[i] * u[i];
-      xz[o] = acc;
-    }
+  // Every row at once: the three projections as linear_rows over the batch (each weight read once), the
+  // conv and the scan row by row. U (B, H), OUT (B, H).
+  void rows(int64_t B, const T* U, T* OUT) const {
+    const int64_t P = R + (Bf ? 0 : N) + (Cf ? 0 : N);  // W_x's rows: what is input-dependent
+    T* XZ = scratch;
+    T* V = XZ + B * 2 * Di;
+    T* PR = V + B * Di;
+    T* Yb = PR + B * P;
+    T* delta = Yb + B * Di;
+    linear_rows(Wi, bi, U, XZ, 2 * Di, H, B);
+    for (int64_t r = 0; r < B; ++r) conv_row(r, XZ + r * 2 * Di, V + r * Di);
+    linear_rows(Wx, static_cast<const T*>(nullptr), V, PR, P, Di, B);
+    for (int64_t r = 0; r < B; ++r) scan_row(r, XZ + r * 2 * Di, V + r * Di, PR + r * P, delta, Yb + r * Di);
+    linear_rows(Wo, bo, Yb, OUT, H, Di, B);
+  }
+  // The causal conv's window for row r: v = SiLU(conv(past, x)), the window shifted by one.
+  void conv_row(int64_t r, const T* xz, T* v) const {
     const T* past = Cs + r * Di * (K - 1);
     T* next = Cn + r * Di * (K - 1);
     for (int64_t c = 0; c < Di; ++c) {
@@ -303,19 +367,13 @@ struct SelectiveCore {
       if (K > 1) nc[K - 2] = xz[c];
       v[c] = silu(acc);
     }
-    const int64_t P = R + (Bf ? 0 : N) + (Cf ? 0 : N);  // W_x's rows: what is input-dependent
-    for (int64_t o = 0; o < P; ++o) {
-      T acc = 0;
-      const T* w = Wx + o * Di;
-      for (int64_t c = 0; c < Di; ++c) acc += w[c] * v[c];
-      proj[o] = acc;
-    }
+  }
+  // Row r's Δ, state update and gated readout y (Di) from its [x, z], v and W_x v (proj).
+  void scan_row(int64_t r, const T* xz, const T* v, const T* proj, T* delta, T* y) const {
     const T* Bt = Bf ? nullptr : proj + R;
     const T* Ct = Cf ? nullptr : proj + R + (Bf ? 0 : N);
     for (int64_t c = 0; c < Di; ++c) {
-      T acc = bdt[c];
-      if (Wdt) for (int64_t k = 0; k < R; ++k) acc += Wdt[c * R + k] * proj[k];
-      delta[c] = softplus(acc);
+      delta[c] = softplus(Wdt ? bdt[c] + dot(Wdt + c * R, proj, R) : bdt[c]);
     }
     const T* hs = Ss + r * Di * N;
     T* hn = Sn + r * Di * N;
@@ -324,20 +382,24 @@ struct SelectiveCore {
       const T* Ac = A + c * N;
       const T* Bc = Bt ? Bt : Bf + c * N;
       const T* Cc = Ct ? Ct : Cf + c * N;
-      T acc = 0;
-      for (int64_t n = 0; n < N; ++n) {
-        const T h = std::exp(dc * Ac[n]) * hs[c * N + n] + du * Bc[n];
-        hn[c * N + n] = h;
+      const T* hc = hs + c * N;
+      T* nc = hn + c * N;
+      using V = Vectorized<T>;
+      V sum(T(0));
+      int64_t n = 0;
+      for (; n + V::size() <= N; n += V::size()) {  // the state in SIMD lanes, each lane its own exp
+        const V h = at::vec::fmadd((V(dc) * V::loadu(Ac + n)).exp(), V::loadu(hc + n), V(du) * V::loadu(Bc + n));
+        h.store(nc + n);
+        sum = at::vec::fmadd(h, V::loadu(Cc + n), sum);
+      }
+      T acc = at::vec::vec_reduce_all<T>([](V& x, V& y) { return x + y; }, sum);
+      for (; n < N; ++n) {
+        const T h = std::exp(dc * Ac[n]) * hc[n] + du * Bc[n];
+        nc[n] = h;
         acc += h * Cc[n];
       }
       if (D) acc += D[c] * v[c];
       y[c] = acc * silu(xz[Di + c]);
-    }
-    for (int64_t o = 0; o < H; ++o) {
-      T acc = bo ? bo[o] : T(0);
-      const T* w = Wo + o * Di;
-      for (int64_t c = 0; c < Di; ++c) acc += w[c] * y[c];
-      out[o] = acc;
     }
   }
 };
@@ -373,7 +435,8 @@ SelectiveCore<T> selective_core(const std::vector<at::Tensor>& t, const std::vec
                           p(10), p(11), p(12), n[0], n[1], n[2], n[3], n[4], scratch};
 }
 
-int64_t selective_scratch(const std::vector<int64_t>& n) { return 5 * n[1] + n[4] + 2 * n[2]; }
+// The selective core's scratch for B rows.
+int64_t selective_scratch(const std::vector<int64_t>& n, int64_t B) { return B * (4 * n[1] + n[4] + 2 * n[2]) + n[1]; }
 
 // The block's parts other than the core, checked once: the norm, the output map, their dtype.
 struct Common {
@@ -548,7 +611,7 @@ std::vector<at::Tensor> selective_block(at::Tensor x, at::Tensor conv, at::Tenso
   auto cn = at::empty_like(conv);
   auto sn = at::empty_like(ssm);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "selective_block", [&] {
-    std::vector<scalar_t> scratch(selective_scratch(n));
+    std::vector<scalar_t> scratch(selective_scratch(n, x.size(0)));
     run<scalar_t>(x, z, cm, selective_core<scalar_t>(t, n, conv.data_ptr<scalar_t>(), ssm.data_ptr<scalar_t>(),
                                                      cn.data_ptr<scalar_t>(), sn.data_ptr<scalar_t>(), scratch.data()));
   });
@@ -1048,10 +1111,11 @@ class StepProgram {
                at::Tensor& y, const c10::optional<at::Tensor>& total, const c10::optional<at::Tensor>& count,
                at::Tensor& total1, at::Tensor& count1, at::Tensor& last1) {
     const int64_t H = H_;
-    std::vector<T> buf(9 * H + O_);
-    // h the running features, z a block's output, u yy v w its scratch, hf the final norm's, s the head's, mean
-    T *h = buf.data(), *z = h + H, *u = z + H, *yy = u + H, *v = yy + H, *w = v + 2 * H, *hf = w + H, *s = hf + H;
-    T* mean = s + O_;
+    std::vector<T> buf(B * (9 * H + O_));
+    // every buffer B rows: h the running features, z a block's output, u yy v w its scratch (v 2H), hf the
+    // final norm's output, s the head's, mean the pooled features
+    T *h = buf.data(), *z = h + B * H, *u = z + B * H, *yy = u + B * H, *v = yy + B * H, *w = v + 2 * B * H;
+    T *hf = w + B * H, *s = hf + B * H, *mean = s + B * O_;
     const T* ew = enc_ == 0 ? nullptr : enc_w_->data_ptr<T>();
     const T* eb = optp<T>(enc_b_);
     const T* hw = head_w_.data_ptr<T>();
@@ -1059,84 +1123,74 @@ class StepProgram {
     const Norm fn{final_.norm, optp<T>(final_.nw), optp<T>(final_.nb), nullptr, nullptr, final_.eps};
     int64_t need = 0;
     for (const auto& p : parts_)
-      if (p.core == 3) need = std::max(need, selective_scratch(p.sizes));
+      if (p.core == 3) need = std::max(need, selective_scratch(p.sizes, B));
     std::vector<T> sel(need);  // the selective cores' scratch
-    std::vector<Norm> norms;
-    for (const auto& p : parts_)
-      norms.push_back({p.c.norm, optp<T>(p.c.nw), optp<T>(p.c.nb), optp<T>(p.c.nm), optp<T>(p.c.nv), p.c.eps});
-    auto linear = [](const T* W, const T* b, const T* in, T* out, int64_t O, int64_t I) {
-      for (int64_t o = 0; o < O; ++o) {
-        T acc = b ? b[o] : T(0);
-        const T* wo = W + o * I;
-        for (int64_t i = 0; i < I; ++i) acc += wo[i] * in[i];
-        out[o] = acc;
-      }
-    };
-    T* Y = y.data_ptr<T>();
-    for (int64_t r = 0; r < B; ++r) {
-      if (enc_ == 0) for (int64_t i = 0; i < H; ++i) h[i] = x.data_ptr<T>()[r * H + i];
-      else if (enc_ == 1) linear(ew, eb, x.data_ptr<T>() + r * D_, h, H, D_);
-      else {
+    const T* X = enc_ == 2 ? nullptr : x.data_ptr<T>();  // token ids (int64) for an embedding
+    if (enc_ == 0) std::copy(X, X + B * H, h);
+    else if (enc_ == 1) linear_rows(ew, eb, X, h, H, D_, B);
+    else
+      for (int64_t r = 0; r < B; ++r) {
         const T* row = ew + x.data_ptr<int64_t>()[r] * H;
-        for (int64_t i = 0; i < H; ++i) h[i] = row[i];
+        std::copy(row, row + H, h + r * H);
       }
-      for (size_t i = 0; i < parts_.size(); ++i) {
-        const Part& p = parts_[i];
-        const T* S = static_cast<const T*>(hs[i][0].data_ptr());  // complex states read as their (re, im) pairs
-        T* N = static_cast<T*>(hn[i][0].data_ptr());
-        const Common& c = p.c;
-        const T* ow = optp<T>(c.ow);
-        const T* ob = optp<T>(c.ob);
-        const auto& t = p.t;
-        if (p.core == 0) {
-          DiagCore<T> core{S, t[0].data_ptr<T>(), t[1].data_ptr<T>(), t[2].data_ptr<T>(), t[3].data_ptr<T>(), N, H,
-                           p.per_channel ? t[0].size(1) : t[0].size(0), p.per_channel};
-          block_row(h, z, H, norms[i], c.prenorm, c.act, c.out, ow, ob, c.residual, core, r, u, yy, v, w);
-        } else if (p.core == 1) {
-          DPLRCore<T> core{S, t[0].data_ptr<T>(), t[1].data_ptr<T>(), t[2].data_ptr<T>(), t[3].data_ptr<T>(),
-                           t[4].data_ptr<T>(), t[5].data_ptr<T>(), t[6].data_ptr<T>(), N, H, t[0].size(1)};
-          block_row(h, z, H, norms[i], c.prenorm, c.act, c.out, ow, ob, c.residual, core, r, u, yy, v, w);
-        } else if (p.core == 2) {
-          OscCore<T> core{S, t[0].data_ptr<T>(), t[1].data_ptr<T>(), t[2].data_ptr<T>(), t[3].data_ptr<T>(), N, H,
-                          t[0].size(0), t[0].size(1)};
-          block_row(h, z, H, norms[i], c.prenorm, c.act, c.out, ow, ob, c.residual, core, r, u, yy, v, w);
-        } else {
-          auto core = selective_core<T>(t, p.sizes, S, static_cast<const T*>(hs[i][1].data_ptr()), N,
-                                        static_cast<T*>(hn[i][1].data_ptr()), sel.data());
-          block_row(h, z, H, norms[i], c.prenorm, c.act, c.out, ow, ob, c.residual, core, r, u, yy, v, w);
-        }
-        // the stack's damping (1 - α) h + α z, with α = sigmoid(logit) where it is learned (read now)
-        const T alpha = p.alpha_logit.has_value()
-                            ? T(1) / (T(1) + std::exp(-p.alpha_logit->data_ptr<T>()[p.alpha_index])) : T(p.alpha);
-        if (!p.alpha_logit.has_value() && p.alpha == 1.0) for (int64_t k = 0; k < H; ++k) h[k] = z[k];
-        else for (int64_t k = 0; k < H; ++k) h[k] = (T(1) - alpha) * h[k] + alpha * z[k];
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      const Part& p = parts_[i];
+      const T* S = static_cast<const T*>(hs[i][0].data_ptr());  // complex states read as their (re, im) pairs
+      T* N = static_cast<T*>(hn[i][0].data_ptr());
+      const Common& c = p.c;
+      const Norm norm{c.norm, optp<T>(c.nw), optp<T>(c.nb), optp<T>(c.nm), optp<T>(c.nv), c.eps};
+      const T* ow = optp<T>(c.ow);
+      const T* ob = optp<T>(c.ob);
+      const auto& t = p.t;
+      auto block = [&](const auto& core) {
+        block_rows(h, z, B, H, norm, c.prenorm, c.act, c.out, ow, ob, c.residual, core, u, yy, v, w);
+      };
+      if (p.core == 0) {
+        block(DiagCore<T>{S, t[0].data_ptr<T>(), t[1].data_ptr<T>(), t[2].data_ptr<T>(), t[3].data_ptr<T>(), N, H,
+                          p.per_channel ? t[0].size(1) : t[0].size(0), p.per_channel});
+      } else if (p.core == 1) {
+        block(DPLRCore<T>{S, t[0].data_ptr<T>(), t[1].data_ptr<T>(), t[2].data_ptr<T>(), t[3].data_ptr<T>(),
+                          t[4].data_ptr<T>(), t[5].data_ptr<T>(), t[6].data_ptr<T>(), N, H, t[0].size(1)});
+      } else if (p.core == 2) {
+        block(OscCore<T>{S, t[0].data_ptr<T>(), t[1].data_ptr<T>(), t[2].data_ptr<T>(), t[3].data_ptr<T>(), N, H,
+                         t[0].size(0), t[0].size(1)});
+      } else {
+        block(selective_core<T>(t, p.sizes, S, static_cast<const T*>(hs[i][1].data_ptr()), N,
+                                static_cast<T*>(hn[i][1].data_ptr()), sel.data()));
       }
-      norm_row(h, hf, H, fn);  // hn: the final norm's output
-      T* yr = Y + r * O_;
-      if (pool_ == 0) {  // a per-step readout
-        linear(hw, hb, hf, yr, O_, H);
-        continue;
-      }
+      // the stack's damping (1 - α) h + α z, with α = sigmoid(logit) where it is learned (read now)
+      const T alpha = p.alpha_logit.has_value()
+                          ? T(1) / (T(1) + std::exp(-p.alpha_logit->data_ptr<T>()[p.alpha_index])) : T(p.alpha);
+      if (!p.alpha_logit.has_value() && p.alpha == 1.0) std::copy(z, z + B * H, h);
+      else for (int64_t k = 0; k < B * H; ++k) h[k] = (T(1) - alpha) * h[k] + alpha * z[k];
+    }
+    for (int64_t r = 0; r < B; ++r) norm_row(h + r * H, hf + r * H, H, fn);  // hf: the final norm's output
+    T* Y = y.data_ptr<T>();
+    if (pool_ == 0) {  // a per-step readout
+      linear_rows(hw, hb, hf, Y, O_, H, B);
+      return;
+    }
+    if (pool_ == 3) linear_rows(hw, hb, hf, s, O_, H, B);  // mean of the logits: the head on every step, summed
+    for (int64_t r = 0; r < B; ++r) {
+      const T* hr = hf + r * H;
       const T* tot = total->data_ptr<T>() + r * total->size(1);
       T* tot1 = total1.data_ptr<T>() + r * total1.size(1);
       const int64_t n = count->data_ptr<int64_t>()[r] + 1;
       count1.data_ptr<int64_t>()[r] = n;
-      T* last = last1.data_ptr<T>() + r * H;
-      for (int64_t k = 0; k < H; ++k) last[k] = hf[k];
-      if (pool_ == 3) {  // mean of the logits: the head on every step, summed
-        linear(hw, hb, hf, s, O_, H);
+      std::copy(hr, hr + H, last1.data_ptr<T>() + r * H);
+      if (pool_ == 3) {
         for (int64_t o = 0; o < O_; ++o) {
-          tot1[o] = tot[o] + s[o];
-          yr[o] = tot1[o] / static_cast<T>(n);
+          tot1[o] = tot[o] + s[r * O_ + o];
+          Y[r * O_ + o] = tot1[o] / static_cast<T>(n);
         }
         continue;
       }
       for (int64_t k = 0; k < H; ++k) {
-        tot1[k] = tot[k] + hf[k];
-        mean[k] = tot1[k] / static_cast<T>(n);
+        tot1[k] = tot[k] + hr[k];
+        mean[r * H + k] = tot1[k] / static_cast<T>(n);
       }
-      linear(hw, hb, pool_ == 1 ? mean : hf, yr, O_, H);  // mean pool: the head on the mean; last: on the step
     }
+    if (pool_ != 3) linear_rows(hw, hb, pool_ == 1 ? mean : hf, Y, O_, H, B);  // mean: the head on the mean; last: on the step
   }
 
   bool declines_ = false;
