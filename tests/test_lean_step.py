@@ -212,8 +212,9 @@ def test_the_program_sees_edits_past_the_version_counter():
 
 def test_the_program_keeps_no_model_alive_and_takes_odd_buffers():
     """A hook that refers to the model does not keep it alive through the program (it holds modules
-    weakly); a buffer with no storage (sparse) is watched without one; a large head goes to the plan,
-    whose BLAS product is faster."""
+    weakly); a buffer with no storage (sparse) is watched without one; a large head is the program's too
+    (its product splits over threads, as fast as BLAS at one row), and a batch of them past ``max_rows``
+    goes to the plan's BLAS product."""
     import gc
     import weakref
 
@@ -237,7 +238,11 @@ def test_the_program_keeps_no_model_alive_and_takes_odd_buffers():
     tokens = torch.tensor([[1, 2]])
     with torch.no_grad():
         _assert_same(_stream(model, tokens, model.step), _stream(model, tokens, lambda xt, s: _general(model, xt, s)))
-        assert lean.program_of(model) is False
+        program = lean.program_of(model)
+        assert program and program.calls == 1  # the first step built it, the second ran it
+        rows = lean.max_rows(model.head.weight.numel()) + 1
+        assert rows == lean._ROWS_ALWAYS + 1
+        assert program.run(tokens[:, 0].expand(rows), model.init_state(rows)) == 0  # DECLINED
 
 
 @pytest.mark.parametrize("path", FUSED)
@@ -259,10 +264,12 @@ def test_a_row_steps_to_the_bit_alone_or_in_a_batch(path):
 
 
 def test_a_batch_past_the_kernels_reach_takes_blas():
-    """The kernel multiplies matrices row by row: past ``_ROWS_X_WEIGHTS`` (rows × its largest matrix's
-    weights) the program declines and each block takes its separate ops (BLAS), equal to the general path."""
+    """Past ``max_rows`` (16 rows, or more while rows × the largest matrix's weights stay within
+    ``_ROWS_X_WEIGHTS``), where BLAS's blocked products win, the program declines and each block takes its
+    separate ops, equal to the general path."""
     model = build_model("specs/s4d-basicmotions.yaml", seed=0).eval()
-    rows = lean._ROWS_X_WEIGHTS // (2 * model.d_model * model.d_model) + 1  # the GLU map's (2H, H) weight
+    rows = lean.max_rows(2 * model.d_model * model.d_model) + 1  # the GLU map's (2H, H) weight is the largest
+    assert rows == lean._ROWS_X_WEIGHTS // (2 * model.d_model * model.d_model) + 1 > lean._ROWS_ALWAYS
     x = example_input(model, rows, 3)
     with torch.no_grad():
         model.step(x[:1, 0], model.init_state(1))

@@ -131,7 +131,7 @@ class _Fused:
     def __init__(self, block: Block, norm: nn.Module, norm_code: int, stats: nn.Module | None,
                  out_parts: tuple[int, nn.Linear | None], stream_of: Callable[[], Any], largest: int) -> None:
         self.block, self.norm_code, self.stream_of = block, norm_code, stream_of
-        self.largest = largest  # the most weights in one of its matrices (``_ROWS_X_WEIGHTS``)
+        self.largest = largest  # the most weights in one of its matrices (``max_rows``)
         self.out_code, linear = out_parts
         self.affine = stats if stats is not None else norm  # the module holding the norm's weight, bias and eps
         # an EMA batch norm applies its affine map only when it has both weight and bias (blocks.EMABatchNorm)
@@ -168,8 +168,6 @@ def _fused_parts(block: Block, norm: nn.Module) -> _Fused | None:
     if isinstance(form, SelectiveStream):
         mats += [t for t in (form.w_in, form.w_x, form.w_out) if t is not None]
     largest = max((m.numel() for m in mats), default=0)
-    if largest > _ROWS_X_WEIGHTS:
-        return None
     return _Fused(block, norm, norm_code, stats, out_parts, stream_of, largest)
 
 
@@ -209,7 +207,7 @@ def fused_block(block: Block, norm: nn.Module, aten: Position) -> Position | Non
         ok = [t is not None and dtype is not None
               and t.dtype == (complex_dtype(dtype) if t.is_complex() and len(keys) == 1 else dtype) for t in states]
         if got is None or act is None or parts.one_sided or not all(ok) or len(state) != len(keys) or h.dtype != dtype \
-                or torch.compiler.is_exporting() or h.device.type != "cpu" or h.shape[0] * parts.largest > _ROWS_X_WEIGHTS:
+                or torch.compiler.is_exporting() or h.device.type != "cpu" or h.shape[0] > max_rows(parts.largest):
             return aten(h, state)
         entry, args = got
         z, *new = getattr(kernels, entry)(h, *states, *args, *parts.args(act, h.dtype))
@@ -218,11 +216,24 @@ def fused_block(block: Block, norm: nn.Module, aten: Position) -> Position | Non
 
 
 _SHORT = 4  # a program stale within this many calls, this many times: none for the plan (``program_step``)
-# The kernel's matrix products are plain loops, one row at a time, reading each matrix once per row: they
-# beat BLAS (the separate ops) while rows × the largest matrix's weights stay under this, and lose past it
-# (measured: a width-256 Mamba LM, 262,144 weights in its largest matrix, decodes one stream 3.8× faster
-# fused and eight streams 15 % slower; a 32k-token head at width 256 is twice as slow as F.linear).
-_ROWS_X_WEIGHTS = 1 << 20
+# How many rows (streams in a batch) the kernel takes before the separate ops (BLAS) are faster. Its matrix
+# products read each weight row once for the batch and take a SIMD dot per row: bandwidth-bound at few rows,
+# where they beat BLAS (no dispatch, nothing allocated), but without BLAS's register blocking, which wins
+# once a batch makes the product compute-bound. Measured by `python -m benchmarks.fused_rows` (2 threads,
+# limit lifted; general path ÷ fused): a width-256 Mamba LM (largest matrix 262,144 weights) 5.9× at B = 1,
+# 2.0× at 8, 1.26× at 16, 0.92× at 32; with a 32k-token head 2.6×, 2.0×, 0.91× at 1, 8, 32; width-32 S4D
+# and LRU classifiers (largest 2,048) 3.1× and 3.6× at 64, 1.14× and 1.22× at 256, 1.05× and 0.74× at 512.
+# So: up to 16 rows always, more while rows × largest matrix ≤ 2^19.
+_ROWS_ALWAYS = 16
+_ROWS_X_WEIGHTS = 1 << 19
+
+
+def max_rows(largest: int) -> int:
+    """The most rows the fused kernel and program take for a model whose largest matrix has ``largest``
+    weights (see ``_ROWS_ALWAYS``)."""
+    return max(_ROWS_ALWAYS, _ROWS_X_WEIGHTS // max(largest, 1))
+
+
 _CORE_KINDS = {"diag_block": 0, "dplr_block": 1, "osc_block": 2, "selective_block": 3}
 _FINAL_NORMS = {nn.Identity: 0, nn.LayerNorm: 1, nn.RMSNorm: 2}
 
@@ -248,8 +259,6 @@ def _program_parts(model: SequenceModel) -> tuple[object, ...] | str:
             return why
     dtype = cast(nn.Linear, head).weight.dtype
     largest = max(cast(nn.Linear, head).weight.numel(), enc.weight.numel() if isinstance(enc, nn.Linear) else 0)
-    if largest > _ROWS_X_WEIGHTS:  # a large matrix: F.linear's BLAS beats the program's loops
-        return f"a matrix of {largest:,} weights in the head or encoder (more than {_ROWS_X_WEIGHTS:,}: BLAS is faster)"
     if enc is None or type(enc) is nn.Identity:
         encoder: tuple[object, ...] = (0, None, None)
     elif type(enc) is nn.Linear:
@@ -284,7 +293,7 @@ def _program_parts(model: SequenceModel) -> tuple[object, ...] | str:
         alpha = float(stack.alpha_fixed) if stack.damping_logit is None else (stack.damping_logit, stack.block_index(pos))
         parts.append((_CORE_KINDS[entry], tensors, per_channel, *fused.args(act, dtype), alpha))
         largest = max(largest, fused.largest)
-    return encoder, parts, final, (head.weight, head.bias), pool, _ROWS_X_WEIGHTS // max(largest, 1)
+    return encoder, parts, final, (head.weight, head.bias), pool, max_rows(largest)
 
 
 def _program(model: SequenceModel, plan: LeanStep, tree: list[nn.Module]) -> object | None:
