@@ -29,6 +29,40 @@ def test_listing_never_imports_torch(args):
     assert proc.returncode == 0, proc.stderr
 
 
+_THP_PROBE = """
+import os, re, sys
+sys.argv = ["zoo", "list"]
+from zoo_core.cli import main
+main()
+import torch
+x = torch.ones(16 << 20)  # 64 MiB, touched
+with open("/proc/self/smaps") as f:
+    huge = sum(int(n) for n in re.findall(r"AnonHugePages:\\s+(\\d+) kB", f.read()))
+print(os.environ.get("THP_MEM_ALLOC_ENABLE"), huge)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="c10 asks for huge pages on Linux only")
+@pytest.mark.parametrize("preset", [None, "0"])
+def test_the_console_entry_asks_for_huge_pages_unless_told(preset):
+    """``zoo`` (the console entry point) turns on c10's THP_MEM_ALLOC_ENABLE before any tensor exists,
+    and a user's own setting wins; where the kernel lends transparent huge pages on request, a large
+    tensor then lies in them."""
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    if preset is not None:
+        env["THP_MEM_ALLOC_ENABLE"] = preset
+    proc = subprocess.run([sys.executable, "-c", _THP_PROBE], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    value, huge_kib = proc.stdout.split()[-2:]
+    assert value == (preset or "1")
+    try:
+        policy = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        policy = "[never]"
+    if "[never]" not in policy:
+        assert (int(huge_kib) >= 32 << 10) == (preset is None), f"{huge_kib} KiB in huge pages ({policy.strip()})"
+
+
 def test_list_filters_and_json(capsys):
     assert main(["list", "s4d*", "--json"]) == 0
     table = json.loads(capsys.readouterr().out)
