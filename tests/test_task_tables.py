@@ -104,6 +104,15 @@ def test_run_is_resumable(tmp_path: Path) -> None:
     acc = [json.loads(x)["accuracy"] for x in out.read_text().splitlines()]
     assert [json.loads(x)["accuracy"] for x in streamed.read_text().splitlines()] == pytest.approx(acc)
     assert np.isfinite(acc).all()
+    # a row whose run folder holds no finished run (the sweep training the cell again) is not scored from its
+    # half-trained best model; once the run has finished it is
+    running = tmp_path / "running.jsonl"
+    results.write_text(json.dumps({**row, "run_dir": "lru"}) + "\n")
+    assert ex.run_results(results, tmp_path / "runs", running, **kw) == 0 and not running.exists()
+    (tmp_path / "runs" / "lru" / "metrics.json").write_text("{}")
+    (tmp_path / "runs" / "lru" / "seed-0" / "lr-0.001").mkdir(parents=True)
+    (tmp_path / "runs" / "lru" / "seed-0" / "lr-0.001" / "result.json").write_text("{}")
+    assert ex.run_results(results, tmp_path / "runs", running, **kw) == 2
     # a committed results row whose run folder is not on this machine is skipped, and says so; nothing written
     gone = tmp_path / "gone.jsonl"
     results.write_text(json.dumps({**row, "model_dir": "lru/not-here"}) + "\n")

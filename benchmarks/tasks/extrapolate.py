@@ -58,6 +58,7 @@ from zoo_core.factory import load_pretrained
 from zoo_core.footprint import activation_bytes, meta_model, parse_size
 from zoo_core.spec import load_spec
 from zoo_core.sweep.config import load_sweep
+from zoo_core.sweep.execute import finished_on_disk
 from zoo_core.sweep.results import append, latest, read_rows
 from zoo_core.train.loop import IGNORE, evaluate, to_tensors
 
@@ -252,6 +253,12 @@ def run_results(results: Path, output: Path, out: Path, *, max_length: int | Non
         if not model_dir.is_dir():  # the results JSONL is committed, the run folders are not
             print(f"{cell['key']}: skipped, its trained model {model_dir} is not on this machine "
                   f"(rerun the cell: zoo sweep trains again a finished cell whose folder is gone)", flush=True)
+            continue
+        run_dir = output / cell["run_dir"] if cell.get("run_dir") else None
+        if run_dir is not None and not finished_on_disk(run_dir):  # `zoo sweep` is training it again right now
+            print(f"{cell['key']}: skipped, its run folder {run_dir} holds no finished run (a training in progress or "
+                  "cut off: its best model is not the one its results row reports); score it once zoo sweep has finished "
+                  "it", flush=True)
             continue
         model = load_pretrained(model_dir).eval()
         ok, _ = streamable(model)
