@@ -245,3 +245,22 @@ def test_unavailable_kernel_falls_back_to_the_loop_and_says_why(monkeypatch: pyt
     assert entry.check(Problem(structure="diag")) == ("no C++ compiler: 'c++' is not on PATH (test)", True)
     # a problem it does not serve is a plain "no", never an announced fallback
     assert entry.check(Problem(structure="diag", device="cuda"))[1] is False
+
+
+@pytest.mark.skipif(cpp._tool_reason() is not None, reason="no C++ compiler here")
+@pytest.mark.parametrize("name", ["linear_scan", "selective_scan", "stream_block"])
+def test_every_kernel_source_is_cpp17(name: str) -> None:
+    """torch before 2.12 builds extensions as C++17 (pyproject accepts torch >= 2.2): a C++20-only construct
+    (a requires-expression, say) would leave those users on the slow paths. Syntax only, this machine's flags."""
+    import shutil
+    import subprocess
+    import sysconfig
+
+    from torch.utils.cpp_extension import include_paths
+
+    cxx = shutil.which("c++") or shutil.which("g++")
+    assert cxx is not None
+    cmd = [cxx, "-std=c++17", "-fsyntax-only", "-w", f"-DTORCH_EXTENSION_NAME={name}", *cpp.cflags(),
+           *(f"-I{p}" for p in include_paths()), f"-I{sysconfig.get_paths()['include']}", str(cpp.source(name))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -285,9 +285,9 @@ def huge_pages() -> None:
     unless the environment already says (``0`` turns it off). A fresh (B, L, ...) tensor then takes 2 MiB
     pages, 512× fewer first-touch page faults, which were most of a long sequence's scan on a CPU: at
     B = 32, L = 4096 the fused scan's forward 3.1-5.3× faster, a compiled S5 or LRU layer's 1.5-2.2×
-    (``benchmarks/REPORT_SCAN.md``, its THP tables). c10 reads the variable once, at its first large
-    allocation, so only a process that has made none can set it: the console entry point (a sweep's
-    workers inherit it). Library users set it in their own environment. Linux only (c10 ignores it
+    (``benchmarks/REPORT_SCAN.md``, its THP tables). c10 reads the variable once, early (at an
+    allocation), so it is set dependably only before any tensor exists: by the console entry point (a
+    sweep's workers inherit it). Library users set it in their own environment. Linux only (c10 ignores it
     elsewhere)."""
     if sys.platform.startswith("linux"):
         os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")

@@ -34,7 +34,10 @@
 #include <cmath>
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -137,11 +140,18 @@ T activate(T v, int64_t kind) {
   }
 }
 
+// Whether a core has a batched `rows(B, U, Y)` (C++17 detection: torch before 2.12 builds extensions as C++17).
+template <typename Core, typename T, typename = void>
+struct batched : std::false_type {};
+template <typename Core, typename T>
+struct batched<Core, T, std::void_t<decltype(std::declval<const Core&>().rows(int64_t{}, std::declval<const T*>(),
+                                                                             std::declval<T*>()))>> : std::true_type {};
+
 // A core's update on every row: its own batched `rows(B, U, Y)` where it has one (its matrices are read
 // once for the batch), else `core(r, u, y)` row by row. U, Y (B, H).
 template <typename T, typename Core>
 void core_rows(const Core& core, int64_t B, int64_t H, const T* U, T* Y) {
-  if constexpr (requires { core.rows(B, U, Y); }) {
+  if constexpr (batched<Core, T>::value) {
     core.rows(B, U, Y);
   } else {
     for (int64_t r = 0; r < B; ++r) core(r, U + r * H, Y + r * H);
@@ -1111,11 +1121,13 @@ class StepProgram {
                at::Tensor& y, const c10::optional<at::Tensor>& total, const c10::optional<at::Tensor>& count,
                at::Tensor& total1, at::Tensor& count1, at::Tensor& last1) {
     const int64_t H = H_;
-    std::vector<T> buf(B * (9 * H + O_));
     // every buffer B rows: h the running features, z a block's output, u yy v w its scratch (v 2H), hf the
-    // final norm's output, s the head's, mean the pooled features
-    T *h = buf.data(), *z = h + B * H, *u = z + B * H, *yy = u + B * H, *v = yy + B * H, *w = v + 2 * B * H;
-    T *hf = w + B * H, *s = hf + B * H, *mean = s + B * O_;
+    // final norm's output, mean the pooled features, s the head's (the mean-of-logits pool only); uninitialised
+    // (each is written before it is read), so a large head costs no memset per token
+    const int64_t So = pool_ == 3 ? O_ : 0;
+    std::unique_ptr<T[]> buf(new T[B * (9 * H + So)]);
+    T *h = buf.get(), *z = h + B * H, *u = z + B * H, *yy = u + B * H, *v = yy + B * H, *w = v + 2 * B * H;
+    T *hf = w + B * H, *mean = hf + B * H, *s = mean + B * H;
     const T* ew = enc_ == 0 ? nullptr : enc_w_->data_ptr<T>();
     const T* eb = optp<T>(enc_b_);
     const T* hw = head_w_.data_ptr<T>();
@@ -1124,7 +1136,7 @@ class StepProgram {
     int64_t need = 0;
     for (const auto& p : parts_)
       if (p.core == 3) need = std::max(need, selective_scratch(p.sizes, B));
-    std::vector<T> sel(need);  // the selective cores' scratch
+    std::unique_ptr<T[]> sel(new T[need]);  // the selective cores' scratch
     const T* X = enc_ == 2 ? nullptr : x.data_ptr<T>();  // token ids (int64) for an embedding
     if (enc_ == 0) std::copy(X, X + B * H, h);
     else if (enc_ == 1) linear_rows(ew, eb, X, h, H, D_, B);
@@ -1156,7 +1168,7 @@ class StepProgram {
                          t[0].size(0), t[0].size(1)});
       } else {
         block(selective_core<T>(t, p.sizes, S, static_cast<const T*>(hs[i][1].data_ptr()), N,
-                                static_cast<T*>(hn[i][1].data_ptr()), sel.data()));
+                                static_cast<T*>(hn[i][1].data_ptr()), sel.get()));
       }
       // the stack's damping (1 - α) h + α z, with α = sigmoid(logit) where it is learned (read now)
       const T alpha = p.alpha_logit.has_value()
