@@ -8,8 +8,8 @@ with the kernels' batch limit (``lean.max_rows``) lifted so both sides of it are
 Models: the width-256, 4-layer Mamba LM of ``mamba/generate`` (largest matrix 262,144 weights), the same
 with a 32,768-token head, and the width-32 S4D and LRU classifiers of ``specs/`` (largest 2,048). One
 line per (model, B): the best of 3 rounds of 16 steps (µs a step) for each path and their ratio
-(> 1: fused is faster). The general path is the model's ``step`` with a forward hook registered (never
-called by ``step``), which keeps it off the lean plan. Needs transformers (the LM's converted weights).
+(> 1: fused is faster). The general path is ``benchmarks.peers.general_step_copy``: the model with a
+forward hook (never called by ``step``), which keeps it off the lean plan. Needs transformers (the LM's converted weights).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ def _best_step_s(model: Any, x: Tensor, rounds: int = 3) -> float:
 
 def compare(name: str, model: Any, x: Tensor) -> tuple[float, float]:
     """µs a step, fused and general, for the inputs x (B, steps, ...); printed as one line."""
-    general = copy.deepcopy(model)  # the copy holds no plan (SequenceModel.__getstate__ drops it)
-    general.register_forward_hook(lambda module, args, out: None)
-    fused_s, general_s = _best_step_s(model, x), _best_step_s(general, x)
+    from benchmarks.peers import general_step_copy
+
+    fused_s, general_s = _best_step_s(model, x), _best_step_s(general_step_copy(model), x)
     print(f"{name:<34} B={x.shape[0]:<5} fused {fused_s * 1e6:9.0f} µs   general {general_s * 1e6:9.0f} µs   "
           f"ratio {general_s / fused_s:5.2f}", flush=True)
     return fused_s, general_s

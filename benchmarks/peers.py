@@ -391,15 +391,20 @@ def _lm_pair(d_model: int = 256, layers: int = 4, vocab: int = 1024) -> tuple[An
     return zoo, hf
 
 
+def general_step_copy(model: Any) -> Any:
+    """A copy of ``model`` whose ``step`` takes the general streaming path, what ran before the fused
+    kernels: a forward hook (never called by ``step``) keeps ``SequenceModel.step`` off its lean plan and
+    whole-step program (``zoo_core.nn.lean``: a hooked module is not plain)."""
+    general = copy.deepcopy(model)  # the copy holds no plan (``SequenceModel.__getstate__`` drops it)
+    general.register_forward_hook(lambda module, args, out: None)
+    return general
+
+
 @functools.cache
 def _general_copy() -> Any:
-    """A copy of the zoo LM whose ``step`` takes the general streaming path, what decoding ran on before the
-    fused kernels: a forward hook (never called by ``step``) keeps ``SequenceModel.step`` off its lean plan
-    and whole-step program (``zoo_core.nn.lean``: a hooked module is not plain). The generation target
-    (issue 16: tokens/s ≥ 2× the zoo's before the kernels) is the ratio of ``zoo generate`` to this row."""
-    model = copy.deepcopy(_lm_pair()[0])  # the copy holds no plan (``SequenceModel.__getstate__`` drops it)
-    model.register_forward_hook(lambda module, args, out: None)
-    return model
+    """The zoo LM on the general step. The generation target (issue 16: tokens/s ≥ 2× the zoo's before the
+    kernels) is the ratio of ``zoo generate`` to this row."""
+    return general_step_copy(_lm_pair()[0])
 
 
 def _prompt(B: int) -> Tensor:

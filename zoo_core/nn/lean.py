@@ -131,7 +131,8 @@ class _Fused:
     def __init__(self, block: Block, norm: nn.Module, norm_code: int, stats: nn.Module | None,
                  out_parts: tuple[int, nn.Linear | None], stream_of: Callable[[], Any], largest: int) -> None:
         self.block, self.norm_code, self.stream_of = block, norm_code, stream_of
-        self.largest = largest  # the most weights in one of its matrices (``max_rows``)
+        self.largest = largest  # the most weights in one of its matrices
+        self.max_rows = max_rows(largest)  # the most rows the kernel takes (past them: BLAS)
         self.out_code, linear = out_parts
         self.affine = stats if stats is not None else norm  # the module holding the norm's weight, bias and eps
         # an EMA batch norm applies its affine map only when it has both weight and bias (blocks.EMABatchNorm)
@@ -207,7 +208,7 @@ def fused_block(block: Block, norm: nn.Module, aten: Position) -> Position | Non
         ok = [t is not None and dtype is not None
               and t.dtype == (complex_dtype(dtype) if t.is_complex() and len(keys) == 1 else dtype) for t in states]
         if got is None or act is None or parts.one_sided or not all(ok) or len(state) != len(keys) or h.dtype != dtype \
-                or torch.compiler.is_exporting() or h.device.type != "cpu" or h.shape[0] > max_rows(parts.largest):
+                or torch.compiler.is_exporting() or h.device.type != "cpu" or h.shape[0] > parts.max_rows:
             return aten(h, state)
         entry, args = got
         z, *new = getattr(kernels, entry)(h, *states, *args, *parts.args(act, h.dtype))
