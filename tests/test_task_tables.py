@@ -204,6 +204,28 @@ def test_a_companion_sweep_adds_a_width_table_beside_the_main_cells(tmp_path: Pa
     assert "by model width" not in mt.render([task], [], **kw)
 
 
+def test_a_sweep_of_two_datasets_gets_a_column_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pixel-mnist trains every core on sMNIST and psMNIST: one accuracy column per dataset, each partial on its
+    own, and the published figures named by their dataset."""
+    monkeypatch.setitem(mt.PUBLISHED_FOR, "toy", {"a": [("Paper-A", None, "A")]})
+    monkeypatch.setitem(mt.PUBLISHED_TASK, "toy", ("toy", "toy-p"))
+    task = _fixture_task()
+    task.rows += [{**_row("a", s, acc), "key": f"a/toy-p/seed-{s}/lr-0.001", "dataset": "toy-p"}
+                  for s, acc in ((0, 0.25), (1, 0.35))]
+    task.dataset, task.datasets, task.extrapolation = "toy", ["toy", "toy-p"], []
+    published = PUBLISHED + [{**PUBLISHED[0], "task": "toy-p", "value": 90.0}]
+    kw: dict[str, Any] = {"reading_dir": tmp_path, "plot_dir": tmp_path / "plots", "doc_dir": tmp_path}
+    lines = mt.render([task], published, **kw).splitlines()
+    assert "| core | toy test accuracy (%) | toy-p test accuracy (%) | params | s / epoch | published (source) |" in lines
+    assert ("| a | 60.0 ± 10.0 (3) | 30.0 ± 7.1 (2, partial: 2 of 3 seeds) | 1,234 | 3.0 | "
+            "toy 97.0, toy-p 90.0 (A; Someone, Paper, Table 1, arXiv 1234.5678) |") in lines
+    assert "| b | 30.0 ± 14.1 (2, partial: 2 of 3 seeds) | not run yet | 1,234 | 3.0 | — |" in lines
+    assert "| c | not run yet | not run yet | — | — | — |" in lines
+    if plot_available():
+        assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["toy-toy-accuracy-vs-wall.png",
+                                                                         "toy-toy-p-accuracy-vs-wall.png"]
+
+
 @pytest.mark.parametrize("sweep_file", sorted((Path(__file__).parents[1] / "benchmarks/tasks/sweeps").glob("*.yaml")),
                          ids=lambda p: p.stem)
 def test_every_committed_task_sweep_builds_its_models(sweep_file: Path) -> None:

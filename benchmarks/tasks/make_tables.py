@@ -33,7 +33,7 @@ from zoo_core.sweep.results import latest
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-SWEEPS = ("induction-heads", "selective-copying", "mqar-small", "listops")  # the order of TASKS.md's sections
+SWEEPS = ("induction-heads", "selective-copying", "mqar-small", "listops", "pixel-mnist", "pathfinder")  # the order of TASKS.md's sections
 # Sweeps that vary one axis of a section's model, read into that section (not sections of their own):
 # section -> (sweep, axis, the section's own value of it)
 COMPANIONS = {"mqar-small": ("mqar-width", "width", "64")}
@@ -43,9 +43,12 @@ TITLES = {
     "selective-copying": "Selective copying",
     "mqar-small": "MQAR (multi-query associative recall), small",
     "listops": "ListOps (Long Range Arena), CPU lengths",
+    "pixel-mnist": "Sequential and permuted MNIST (sMNIST, psMNIST)",
+    "pathfinder": "Pathfinder 32 × 32 (Long Range Arena), LRA's difficulty",
 }
 CARDS = {"induction-heads": "induction-heads", "selective-copying": "selective-copying", "mqar-small": "mqar",
-         "listops": "listops"}
+         "listops": "listops", "pixel-mnist": "smnist",
+         "pathfinder": "pathfinder"}
 WHAT = {
     "induction-heads": "Random content tokens (14 of a 16-token vocabulary) hold one special token followed by a "
                        "token X; the sequence ends with the special token again and the model must output X (one "
@@ -60,6 +63,13 @@ WHAT = {
     "listops": "Nested MAX/MIN/MED/SUM_MOD expressions of single digits in LRA's grammar (depth ≤ 10, ≤ 10 "
                "arguments), the label their value (10 classes), read as a token sequence and classified from the "
                "mean of the outputs; 101–299 tokens (`ListOps`; LRA's own lengths are `ListOps-LRA`).",
+    "pixel-mnist": "Each MNIST digit read one grey value a step, 784 steps, row by row (sMNIST) or in one fixed "
+                   "random order of the pixels (psMNIST), which spreads each stroke over the whole sequence; the "
+                   "label (10 classes) classified from the mean of the outputs.",
+    "pathfinder": "A 32 × 32 image of dashed curved paths and two round markers, read pixel by pixel (1,024 steps); "
+                  "the label is whether one path joins the markers (`Pathfinder32-14`: paths of 14 paddles, LRA's "
+                  "difficulty; chance 50 %; a rule reading only the two markers' distance scores 65.5 %, the card's "
+                  "shortcut).",
 }
 SCALE = {
     "induction-heads": "Mamba paper: 2 layers, D = 64 (Mamba) or 128 (the others), 25 epochs × 8,192 steps at batch "
@@ -75,6 +85,15 @@ SCALE = {
                "tens of epochs. Here: 101–299 tokens, 10,000 training sequences, the 2-block width-64 classifier "
                "(`benchmarks/tasks/specs/cls-2layer.yaml`), AdamW (weight decay 0.01), lr 3e-3, at most 6 epochs "
                "at batch 32 (≤ 1,900 steps), early stopping after 3.",
+    "pixel-mnist": "The papers: deeper and wider models trained for many epochs (each source's appendix has its "
+                   "setting). Here: the classic "
+                   "50,000 / 10,000 / 10,000 split, the 2-block width-32 classifier "
+                   "(`benchmarks/tasks/specs/pixel-2layer.yaml`), AdamW (weight decay 0.01), lr 3e-3, one epoch at "
+                   "batch 32 (1,562 steps).",
+    "pathfinder": "LRA: 160,000 training images; its Transformer 4 layers for 200 epochs (LRA App. A.3), the SSM "
+                  "papers' 6-layer models (LRU's setup). Here: 8,000 / 1,000 / 1,000 "
+                  "images, the 2-block width-32 classifier (`benchmarks/tasks/specs/pathfinder-2layer.yaml`), AdamW "
+                  "(weight decay 0.01), lr 3e-3, at most 20 epochs at batch 32 (≤ 5,000 steps), early stopping after 5.",
 }
 
 # Our core label -> the published rows that report that model on the task: (model in published.yaml,
@@ -99,9 +118,21 @@ PUBLISHED_FOR: dict[str, dict[str, list[tuple[str, str | None, str]]]] = {
         "lru": [("LRU", None, "LRU, LRA")],
         "attention": [("Transformer", None, "Transformer, LRA")],
     },
+    "pathfinder": {
+        "s4": [("S4", None, "S4, LRA")],
+        "s4d": [("S4D-LegS (paper results, as cited by LRU)", None, "S4D-LegS, LRA")],
+        "s5": [("S5 (paper results, as cited by LRU)", None, "S5, LRA")],
+        "lru": [("LRU", None, "LRU, LRA")],
+        "attention": [("Transformer", None, "Transformer, LRA")],
+    },
+    "pixel-mnist": {
+        "s4": [("S4", None, "S4")],
+        "attention": [("Transformer (baseline as cited by S4)", None, "Transformer, as cited by S4")],
+    },
 }
 PUBLISHED_TASK = {"induction-heads": "induction-heads", "selective-copying": "selective-copying", "mqar-small": "mqar",
-                  "listops": "ListOps-LRA"}
+                  "listops": "ListOps-LRA", "pixel-mnist": ("sMNIST", "psMNIST"),
+                  "pathfinder": "Pathfinder32-14-LRA"}
 # published rows beside the extrapolation table: (model in published.yaml, the name to print)
 PUBLISHED_EXTRAPOLATION = {"induction-heads": [("Mamba", "Mamba (paper, 74K params)"),
                                                ("MHA-RoPE", "MHA-RoPE (paper, 137K)"),
@@ -121,6 +152,7 @@ class Task:
     extrapolation: list[dict[str, Any]] = field(default_factory=list)
     axes: list[str] = field(default_factory=list)
     dataset: str = ""  # the dataset the sweep trains on (its rows are grouped by it), e.g. induction-heads-short
+    datasets: list[str] = field(default_factory=list)  # every dataset, where the sweep trains on several (a column each)
     companion: "Task | None" = None  # a sweep varying one axis of this one's model (COMPANIONS)
 
     @property
@@ -150,19 +182,32 @@ def _value(e: dict[str, Any]) -> float | None:
     return float(v) * (100.0 if "fraction" in str(e.get("metric", "")) else 1.0)
 
 
+def published_tasks(task: str) -> tuple[str, ...]:
+    """The task name(s) ``published.yaml`` files this section's figures under (one per dataset of the sweep)."""
+    t = PUBLISHED_TASK.get(task, task)
+    return (t,) if isinstance(t, str) else tuple(t)
+
+
 def published_cell(task: str, spec: str, published: list[dict[str, Any]]) -> str:
-    """The published figure(s) for our core ``spec`` on ``task`` with their source, or an em dash."""
+    """The published figure(s) for our core ``spec`` on ``task`` with their source, or an em dash. A section
+    of several datasets names each figure's dataset: "sMNIST 99.6, psMNIST 98.7 (S4; source)"."""
     parts = []
+    names = published_tasks(task)
     for model, must, shown in PUBLISHED_FOR.get(task, {}).get(spec, []):
-        es = [e for e in published if e["task"] == PUBLISHED_TASK[task] and e["model"] == model
-              and (must is None or must in str(e.get("setting", "")))]
-        vals = sorted(v for e in es if (v := _value(e)) is not None)
-        if not vals:
-            continue
-        text = f"{vals[0]:.1f}" if vals[0] == vals[-1] else f"{vals[0]:.1f}–{vals[-1]:.1f}"
-        approx = "~" if any("read off" in str(e.get("notes", "")) + str(e.get("setting", "")) + str(e.get("source", {}).get("where", ""))
-                            or "fraction" in str(e.get("metric", "")) for e in es) else ""
-        parts.append(f"{approx}{text} ({shown}; {_source(es[0])})")
+        texts, found = [], []
+        for name in names:
+            es = [e for e in published if e["task"] == name and e["model"] == model
+                  and (must is None or must in str(e.get("setting", "")))]
+            vals = sorted(v for e in es if (v := _value(e)) is not None)
+            if not vals:
+                continue
+            text = f"{vals[0]:.1f}" if vals[0] == vals[-1] else f"{vals[0]:.1f}–{vals[-1]:.1f}"
+            approx = "~" if any("read off" in str(e.get("notes", "")) + str(e.get("setting", "")) + str(e.get("source", {}).get("where", ""))
+                                or "fraction" in str(e.get("metric", "")) for e in es) else ""
+            texts.append(f"{name} {approx}{text}" if len(names) > 1 else f"{approx}{text}")
+            found.append(es[0])
+        if texts:
+            parts.append(f"{', '.join(texts)} ({shown}; {_source(found[0])})")
     return "; ".join(parts) or "—"
 
 
@@ -173,21 +218,33 @@ def _length_of(e: dict[str, Any]) -> int | None:
 
 # sections ------------------------------------------------------------------------------------------
 def results_table(task: Task, by: dict[str, list[Config]], published: list[dict[str, Any]]) -> list[str]:
-    cs = {c.spec: c for c in by.get(task.group, []) if not c.axes}
-    head = ["core", "test accuracy (%), mean ± std (seeds)", "params", "s / epoch", "published (source)"]
+    """One row per core: its test accuracy (one column per dataset where the sweep trains on several), the
+    parameter count, the median epoch time over every dataset's runs and the published figures."""
+    groups = task.datasets if len(task.datasets) > 1 else [task.group]
+    cs = {(g, c.spec): c for g in groups for c in by.get(g, []) if not c.axes}
+    accs = (["test accuracy (%), mean ± std (seeds)"] if len(groups) == 1
+            else [f"{g} test accuracy (%)" for g in groups])
+    head = ["core", *accs, "params", "s / epoch", "published (source)"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for spec in task.specs:
-        c = cs.get(spec)
         pub = published_cell(task.name, spec, published)
-        if c is None:
-            out.append(f"| {spec} | not run yet | — | — | {pub} |")
+        mine = [cs.get((g, spec)) for g in groups]
+        done = [c for c in mine if c is not None]
+        if not done:
+            out.append(f"| {spec} | " + " | ".join(["not run yet"] * len(groups)) + f" | — | — | {pub} |")
             continue
-        n, want = len(c.picks), task.seeds.get(spec, len(c.picks))
-        partial = f", partial: {n} of {want} seeds" if n < want else ""
-        epochs = [t for r in c.picks for t in r.get("epoch_time_s") or []]
-        out.append(f"| {spec} | {pct(c.values())} ({n}{partial}) | {c.picks[0]['params']:,} | "
-                   f"{statistics.median(epochs):.1f} | {pub} |" if epochs else
-                   f"| {spec} | {pct(c.values())} ({n}{partial}) | {c.picks[0]['params']:,} | — | {pub} |")
+        want = task.seeds.get(spec, 0)
+        cells = []
+        for c in mine:
+            if c is None:
+                cells.append("not run yet")
+                continue
+            n = len(c.picks)
+            partial = f", partial: {n} of {want} seeds" if want and n < want else ""
+            cells.append(f"{pct(c.values())} ({n}{partial})")
+        epochs = [t for c in done for r in c.picks for t in r.get("epoch_time_s") or []]
+        per_epoch = f"{statistics.median(epochs):.1f}" if epochs else "—"
+        out.append(f"| {spec} | " + " | ".join(cells) + f" | {done[0].picks[0]['params']:,} | {per_epoch} | {pub} |")
     return out
 
 
@@ -277,12 +334,16 @@ def axis_table(task: Task, by: dict[str, list[Config]]) -> list[str]:
 
 def plots(task: Task, by: dict[str, list[Config]], plot_dir: Path) -> list[Path]:
     made: list[Path | None] = []
-    cs = [c for c in by.get(task.group, []) if not c.axes]
-    if cs:
+    several = len(task.datasets) > 1
+    for g in task.datasets if several else [task.group]:
+        cs = [c for c in by.get(g, []) if not c.axes]
+        if not cs:
+            continue
         wall = {c.spec: [(statistics.mean(c.walls), statistics.mean(c.values()),
                           statistics.stdev(c.values()) if len(c.picks) > 1 else 0.0)] for c in cs}
-        made.append(plot_points(wall, plot_dir / f"{task.name}-accuracy-vs-wall.png", xlabel="training wall-clock per seed (s)",
-                                ylabel="test accuracy", title=f"{task.name}: test accuracy vs wall-clock", logx=True))
+        name = f"{task.name}-{g}" if several else task.name
+        made.append(plot_points(wall, plot_dir / f"{name}-accuracy-vs-wall.png", xlabel="training wall-clock per seed (s)",
+                                ylabel="test accuracy", title=f"{g if several else task.name}: test accuracy vs wall-clock", logx=True))
     _, _, points = extrapolation_cells(task)
     if points:
         made.append(plot_points(points, plot_dir / f"{task.name}-extrapolation.png", xlabel="test length (steps)",
@@ -326,7 +387,8 @@ def render(tasks: list[Task], published: list[dict[str, Any]], *, reading_dir: P
         "tasks are built to separate them: recall of a token seen long before (induction heads, MQAR) and copying "
         "only the tokens that matter among noise (selective copying), which a time-invariant state space model "
         "cannot do by construction and an input-dependent one can (Mamba §3.1); ListOps (Long Range Arena) asks for "
-        "hierarchical structure over a few hundred steps. Each task is a dataset of the zoo-synthetic or "
+        "hierarchical structure over a few hundred steps, and sequential MNIST for evidence gathered over 784 steps, "
+        "in reading order or permuted. Each task is a dataset of the zoo-synthetic or "
         "zoo-longrange plugin; its card (definition, the paper's parameters, what changed for a CPU) is linked "
         "in its section.",
         "",
@@ -336,22 +398,24 @@ def render(tasks: list[Task], published: list[dict[str, Any]], *, reading_dir: P
         "positions with a target are scored (the others are −100). The sweep files set each core's own settings "
         "(state size 16 for S4, S4D, S5, LRU, LinOSS, LrcSSM and Mamba, the `small` presets for Mamba-2/3, "
         "RG-LRU and GDN, four heads with RoPE for attention). ListOps, a classification task, uses the same blocks "
-        "with the outputs mean-pooled into one label (`benchmarks/tasks/specs/cls-2layer.yaml`).",
+        "with the outputs mean-pooled into one label (`benchmarks/tasks/specs/cls-2layer.yaml`); sMNIST and psMNIST "
+        "use that classifier at width 32 on the one grey value per step (`benchmarks/tasks/specs/pixel-2layer.yaml`: "
+        "at 784 steps width 64 costs 1.7–3.5× as much per update here).",
         "",
         "**The protocol.** Each core × seed is one `zoo train` run: Adam, lr 3e-3, gradient clipping 1.0, batch 32, "
-        "at most 8 epochs of ~500 steps (MQAR: 24 of ~190; ListOps: AdamW, 6 of ~310) with early stopping after 3 "
+        "at most 8 epochs of ~500 steps (MQAR: 24 of ~190; ListOps: AdamW, 6 of ~310; sMNIST/psMNIST: AdamW, one of 1,562) with early stopping after 3 "
         "(MQAR: 6) epochs without "
         "improvement or as soon as validation reaches 100 % (`training.stop_at`), the model of the best validation "
         "token accuracy kept and scored on the test split (`training.protocol: official`: the generator's own "
         "train/val/test). Induction heads and selective copying train at length 64 (the `-short` variants: a "
         "quarter of the cost per step of length 256, so ~4,000 updates fit a cell; at length 256 and ~1,250 "
-        "updates every core but RG-LRU stayed at chance). The table gives the test token accuracy over the scored positions (ListOps: label accuracy), mean ± sample std over "
+        "updates every core but RG-LRU stayed at chance). The table gives the test token accuracy over the scored positions (ListOps, sMNIST, psMNIST: label accuracy), mean ± sample std over "
         "the seeds (the count in brackets), the parameter count, and the median seconds per epoch (one thread of a "
         "shared two-core CPU, several runs at a time: a rough cost, not a speed benchmark). Published figures come "
         "from `benchmarks/tasks/published.yaml` (each with its source; `benchmarks/tasks/PUBLISHED.md` is the "
         "digest); they are at the papers' scale, listed in each section, which is much larger than ours.",
         "",
-        "**Reproduce.** Per task `X` (induction-heads, selective-copying, mqar-small, listops):",
+        "**Reproduce.** Per task `X` (induction-heads, selective-copying, mqar-small, listops, pixel-mnist, pathfinder):",
         "",
         "```",
         "zoo sweep benchmarks/tasks/sweeps/X.yaml                        # resumable: finished cells are skipped",
@@ -427,8 +491,10 @@ def load_task(sweep_file: Path) -> Task:
                   key=lambda r: r["key"])
     ok = {r["key"] for r in rows}
     ext = sorted((r for r in latest(extrapolation_path(sw.results)).values() if r.get("cell") in ok), key=lambda r: r["key"])
-    dataset = sw.cells[0].dataset if sw.cells else sw.name
-    return Task(sw.name, _rel(sweep_file.resolve(), ROOT), specs, seeds, len(sw.cells), rows, ext, axes, dataset)
+    datasets = list(dict.fromkeys(c.dataset for c in sw.cells))
+    dataset = datasets[0] if datasets else sw.name
+    return Task(sw.name, _rel(sweep_file.resolve(), ROOT), specs, seeds, len(sw.cells), rows, ext, axes, dataset,
+                datasets)
 
 
 def train_length(dataset: str) -> int | None:
