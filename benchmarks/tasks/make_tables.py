@@ -127,6 +127,7 @@ PUBLISHED_FOR: dict[str, dict[str, list[tuple[str, str | None, str]]]] = {
     },
     "pixel-mnist": {
         "s4": [("S4", None, "S4")],
+        "s5": [("S5", None, "S5, causal")],
         "attention": [("Transformer (baseline as cited by S4)", None, "Transformer, as cited by S4")],
     },
 }
