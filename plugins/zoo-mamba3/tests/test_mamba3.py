@@ -2,8 +2,10 @@
 re-derivation, the whole mixer against the equations, streaming, Δ rescaling, bad input.
 
 There is no CPU-runnable peer package (mamba_ssm's Mamba3 needs its Triton kernels' imports), so
-correctness rests on (a) the sequential reference read from ``Mamba3Simple._recurrence``, (b) the
-L × L mixing matrix materialised here from the equations, term by term, and (c) step = forward.
+correctness rests on (a) the sequential reference read from the release's ``mamba3_siso_step_ref``
+(tests/ops/triton/test_mamba3_siso.py), (b) the L × L mixing matrix materialised here from the
+equations, term by term, (c) the whole mixer written out step by step as that reference does, and
+(d) step = forward.
 """
 
 from __future__ import annotations
@@ -25,14 +27,16 @@ SCANS = {"sequential": trap_scan_sequential, "chunked": trap_scan_chunked}
 
 
 def _inputs(Bt: int = 2, L: int = 11, H: int = 3, P: int = 5, N: int = 4, *, seed: int = 0, carry: bool = True,
-            trapezoidal: bool = True) -> dict[str, torch.Tensor | None]:
+            trapezoidal: bool = True, per_step: bool = True) -> dict[str, torch.Tensor | None]:
+    """Random scan inputs; A per step and head (the release's data-dependent A), or per head only."""
     g = torch.Generator().manual_seed(seed)
 
     def r(*s: int) -> torch.Tensor:
         return torch.randn(*s, generator=g, dtype=F64)
 
     return {
-        "x": r(Bt, L, H, P), "dt": F.softplus(r(Bt, L, H)), "A": -torch.rand(H, generator=g, dtype=F64) * 2 - 0.1,
+        "x": r(Bt, L, H, P), "dt": F.softplus(r(Bt, L, H)),
+        "A": -torch.rand(*((Bt, L, H) if per_step else (H,)), generator=g, dtype=F64) * 2 - 0.1,
         "B": r(Bt, L, H, N), "C": r(Bt, L, H, N),
         "lam": torch.sigmoid(r(Bt, L, H)) if trapezoidal else None,
         "h0": r(Bt, H, P, N) if carry else None,
@@ -94,9 +98,10 @@ def mixing_matrix_output(inp) -> tuple[torch.Tensor, torch.Tensor]:
 
 # the scan: backends against the re-derivation and each other -------------------------------------
 @pytest.mark.parametrize("name", list(SCANS))
-@pytest.mark.parametrize("carry,trapezoidal", [(False, True), (True, True), (True, False)])
-def test_scan_equals_the_mixing_matrix(name, carry, trapezoidal):
-    inp = _inputs(L=9, carry=carry, trapezoidal=trapezoidal)
+@pytest.mark.parametrize("carry,trapezoidal,per_step", [(False, True, True), (True, True, True), (True, False, True),
+                                                        (True, True, False)])
+def test_scan_equals_the_mixing_matrix(name, carry, trapezoidal, per_step):
+    inp = _inputs(L=9, carry=carry, trapezoidal=trapezoidal, per_step=per_step)
     y, h = _call(SCANS[name], inp, chunk_size=4)
     y_ref, h_ref = mixing_matrix_output(inp)
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
@@ -145,33 +150,44 @@ def _core(**kw) -> Mamba3:
 
 
 def mixer_by_hand(core: Mamba3, u: torch.Tensor) -> torch.Tensor:
-    """Mamba3Simple.forward from its parameters, written out per head and step; the rotary by
-    complex multiplication (b_n + i b_{n+N/2})·e^{iΦ}, the scan by the mixing matrix above."""
+    """The released Mamba3's forward from its parameters, step by step as its ``mamba3_siso_step_ref``:
+    the angle state advanced by π·tanh(θ)·Δ and wrapped, the pairs (2r, 2r+1) turned by complex
+    multiplication, h = α h + β k_prev v_prev + γ k v, out = (h·q + D v)·SiLU(z), then out_proj."""
     Bt, L, _ = u.shape
-    H, P, N, G, Di = core.nheads, core.headdim, core.d_state, core.ngroups, core.d_inner
+    H, P, N, G, Di, R = core.nheads, core.headdim, core.d_state, core.ngroups, core.d_inner, core.n_angles
     proj = u @ core.in_proj.weight.T
-    sizes = [Di, Di, G * N, G * N, H, H * N // 2, H]
-    z, x, Bg, Cg, dt_raw, theta, lam_raw = proj.split(sizes, -1)
-    dt = F.softplus(dt_raw + core.dt_bias) * core.dt_scale
+    z, x, Bg, Cg, dd_dt, dd_A, trap, ang = proj.split([Di, Di, G * N, G * N, H, H, H, R], -1)
+    dt = F.softplus(dd_dt + core.dt_bias) * core.dt_scale
+    A = -torch.clamp(F.softplus(dd_A), min=core.A_floor)
     rms = lambda v, w: v / torch.sqrt((v * v).mean(-1, keepdim=True) + 1e-5) * w  # noqa: E731
     Bg, Cg = rms(Bg.reshape(Bt, L, G, N), core.B_norm.weight), rms(Cg.reshape(Bt, L, G, N), core.C_norm.weight)
-    heads_per_group = H // G
-    B = torch.stack([Bg[:, :, h // heads_per_group] for h in range(H)], 2) + core.B_bias
-    C = torch.stack([Cg[:, :, h // heads_per_group] for h in range(H)], 2) + core.C_bias
-    phi = torch.cumsum(theta.reshape(Bt, L, H, N // 2) * core.dt_scale, 1)
+    per = H // G
+    k_all = torch.stack([Bg[:, :, h // per] + core.B_bias[h, 0] for h in range(H)], 2)  # (Bt, L, H, N)
+    q_all = torch.stack([Cg[:, :, h // per] + core.C_bias[h, 0] for h in range(H)], 2)
+    ang = torch.tanh(ang) * torch.pi  # (Bt, L, R)
+    v_all = x.reshape(Bt, L, H, P)
 
-    def rot(v):
-        c = torch.complex(v[..., : N // 2], v[..., N // 2:]) * torch.exp(1j * phi)
-        return torch.cat([c.real, c.imag], -1)
+    def turn(v, phi):  # v (Bt, H, N), phi (Bt, H, R)
+        c = torch.complex(v[..., 0:2 * R:2], v[..., 1:2 * R:2]) * torch.exp(1j * phi)
+        return torch.cat([torch.stack([c.real, c.imag], -1).flatten(-2), v[..., 2 * R:]], -1)
 
-    xs = x.reshape(Bt, L, H, P)
-    inp = {"x": xs, "dt": dt, "A": -torch.exp(core.A_log), "B": rot(B), "C": rot(C), "lam": torch.sigmoid(lam_raw),
-           "h0": None, "x_prev": None, "B_prev": None}
-    y, _ = mixing_matrix_output(inp)
-    y = (y + xs * core.D[:, None]).reshape(Bt, L, Di)
-    gated = (y * torch.sigmoid(z) * z).reshape(Bt, L, G, Di // G)
-    normed = rms(gated, 1.0).reshape(Bt, L, Di) * core.norm.weight
-    return normed @ core.out_proj.weight.T
+    phi = torch.zeros(Bt, H, R, dtype=F64)
+    h = torch.zeros(Bt, H, P, N, dtype=F64)
+    k_prev, v_prev = torch.zeros(Bt, H, N, dtype=F64), torch.zeros(Bt, H, P, dtype=F64)
+    outs = []
+    for t in range(L):
+        phi = phi + ang[:, t, None, :] * dt[:, t, :, None]
+        phi = phi - 2 * torch.pi * torch.floor(phi / (2 * torch.pi))
+        q, k, v = turn(q_all[:, t], phi), turn(k_all[:, t], phi), v_all[:, t]
+        lam = torch.sigmoid(trap[:, t])
+        alpha = torch.exp(A[:, t] * dt[:, t])
+        beta, gamma = (1 - lam) * dt[:, t] * alpha, lam * dt[:, t]
+        h = (alpha[..., None, None] * h + beta[..., None, None] * v_prev[..., None] * k_prev[..., None, :]
+             + gamma[..., None, None] * v[..., None] * k[..., None, :])
+        out = torch.einsum("bhpn,bhn->bhp", h, q) + core.D[:, None] * v
+        outs.append(out.reshape(Bt, Di) * F.silu(z[:, t]))
+        k_prev, v_prev = k, v
+    return torch.stack(outs, 1) @ core.out_proj.weight.T
 
 
 @pytest.mark.parametrize("backend", ["sequential", "chunked"])
@@ -181,31 +197,39 @@ def test_mixer_equals_the_equations(backend):
     torch.testing.assert_close(core(u), mixer_by_hand(core, u), rtol=1e-9, atol=1e-9)
 
 
-def test_parameter_names_and_shapes_are_mamba3simples():
-    """Names equal the reference's, so a Mamba3Simple state dict loads by name; in_proj's width is
-    2·Di + 2·G·N + H + H·N/2 + H as there."""
+def test_parameter_names_and_shapes_are_the_releases():
+    """Names and shapes equal the released Mamba3's (SISO), so its state dict loads by name; in_proj's
+    width is 2·Di + 2·G·N + 3·H + R as there (R = N·rope_fraction / 2 angles)."""
     core = Mamba3(d_model=6, d_state=8, expand=2, headdim=4, ngroups=3)
-    H, N, G, Di = 3, 8, 3, 12
+    H, N, G, Di, R = 3, 8, 3, 12, 2
     shapes = {k: tuple(v.shape) for k, v in core.state_dict().items()}
-    assert shapes == {"in_proj.weight": (2 * Di + 2 * G * N + H + H * N // 2 + H, 6), "dt_bias": (H,), "A_log": (H,),
-                      "D": (H,), "B_norm.weight": (N,), "C_norm.weight": (N,), "B_bias": (H, N), "C_bias": (H, N),
-                      "norm.weight": (Di,), "out_proj.weight": (6, Di)}
+    assert shapes == {"in_proj.weight": (2 * Di + 2 * G * N + 3 * H + R, 6), "dt_bias": (H,), "D": (H,),
+                      "B_norm.weight": (N,), "C_norm.weight": (N,), "B_bias": (H, 1, N), "C_bias": (H, 1, N),
+                      "out_proj.weight": (6, Di)}
+    assert Mamba3(d_model=6, d_state=8, headdim=4, rope_fraction=1.0).n_angles == 4
+    assert Mamba3(d_model=6, d_state=6, headdim=4).n_angles == 1  # ⌊6 · 0.5⌋ = 3, rounded down to 2 states
+    normed = Mamba3(d_model=6, d_state=8, headdim=4, outproj_norm=True)
+    assert tuple(normed.norm.weight.shape) == (12,) and normed.norm.group_size == 4  # per head, as the release
 
 
 def test_init_follows_the_reference():
-    core = Mamba3(d_model=64, d_state=16, headdim=8, dt_min=1e-3, dt_max=0.1, A_init_min=1.0, A_init_max=16.0)
-    A = torch.exp(core.A_log)
-    assert bool(((A >= 1.0) & (A <= 16.0)).all())
+    core = Mamba3(d_model=64, d_state=16, headdim=8, dt_min=1e-3, dt_max=0.1)
     dt = F.softplus(core.dt_bias)
     assert bool(((dt >= 1e-3 - 1e-7) & (dt <= 0.1 + 1e-7)).all())
-    assert torch.equal(core.D, torch.ones(16)) and torch.equal(core.B_bias, torch.ones(16, 16))
+    assert torch.equal(core.D, torch.ones(16)) and torch.equal(core.B_bias, torch.ones(16, 1, 16))
+    with torch.no_grad():
+        p = core._project(torch.randn(2, 50, 64), None)
+    assert bool((p["A"] <= -1e-4).all()) and p["A"].shape == (2, 50, 16)  # data-dependent, at most −A_floor
+    # the angle's increment is bounded by π·Δ: at init (Δ ≤ 0.1) B and C turn slowly
+    turn = torch.remainder(torch.diff(p["angle"], dim=1) + torch.pi, 2 * torch.pi) - torch.pi
+    assert 0 < float(turn.abs().max()) <= 0.1 * torch.pi + 1e-6
 
 
 def test_switches_drop_their_parameters():
     core = Mamba3(d_model=4, d_state=3, headdim=4, use_rope=False, use_trapezoidal=False, use_bc_norm=False,
                   use_bc_bias=False)
-    assert set(core.state_dict()) == {"in_proj.weight", "dt_bias", "A_log", "D", "norm.weight", "out_proj.weight"}
-    assert core.in_proj.out_features == 8 + 8 + 3 + 3 + 2
+    assert set(core.state_dict()) == {"in_proj.weight", "dt_bias", "D", "out_proj.weight"}
+    assert core.in_proj.out_features == 8 + 8 + 3 + 3 + 2 + 2
     assert set(core.init_state(1)) == {"ssm"}
 
 
@@ -252,7 +276,7 @@ def test_dt_rescaling_multiplies_every_step_and_the_angle():
     assert core.dt_scale == 2.0
     p2 = core._project(u, None)
     torch.testing.assert_close(p2["dt"], 2 * p1["dt"])
-    torch.testing.assert_close(p2["angle"], 2 * p1["angle"])
+    torch.testing.assert_close(p2["angle"], 2 * p1["angle"] - 2 * torch.pi * torch.floor(p1["angle"] / torch.pi))
     twin = _core(dt_scale=2.0)
     torch.testing.assert_close(core(u), twin(u))
 
@@ -274,11 +298,12 @@ def test_rescale_sampling_rate_on_a_model():
     ({"nheads": 3}, "nheads", "must divide the inner width expand · d_model"),
     ({"headdim": 4, "nheads": 4}, "nheads · headdim", "must equal the inner width expand · d_model"),
     ({"headdim": 2, "ngroups": 3}, "ngroups", "must divide the number of heads"),
-    ({"d_state": 5}, "d_state", "must be even when use_rope"),
+    ({"d_state": 1}, "d_state", "leaves no pair of states to rotate"),
+    ({"rope_fraction": 0.25}, "rope_fraction", "must be 0.5 or 1.0"),
     ({"chunk_size": 0}, "chunk_size", "greater than or equal to 1"),
     ({"chunk_size": -4}, "chunk_size", "greater than or equal to 1"),
-    ({"A_init_min": 4.0, "A_init_max": 2.0}, "A_init_min", "must not exceed A_init_max"),
-    ({"A_init_min": 0.0}, "A_init_min", "greater than 0"),
+    ({"A_floor": 0.0}, "A_floor", "greater than 0"),
+    ({"A_init_min": 1.0}, "A_init_min", "Extra inputs are not permitted"),  # Mamba3Simple's fixed A is gone
     ({"dt_limit_min": 0.5, "dt_limit_max": 0.1}, "dt_limit_min", "must not exceed dt_limit_max"),
     ({"dt_min": 0.2, "dt_max": 0.1}, "dt_min", "must not exceed dt_max"),
     ({"dt_scale": 0.0}, "dt_scale", "greater than 0"),
@@ -289,7 +314,7 @@ def test_bad_params_are_rejected_naming_the_field(bad, field, rule):
     with pytest.raises(ValidationError) as info:
         Mamba3Params.model_validate({"d_model": 4, "d_state": 4, **bad})
     assert field in str(info.value) and rule in str(info.value)
-    if "conv_bias" not in bad:  # an unknown keyword is Python's TypeError at the constructor
+    if "conv_bias" not in bad and "A_init_min" not in bad:  # an unknown keyword is Python's TypeError at the constructor
         with pytest.raises(CoreArgumentError, match=f"Mamba3: invalid constructor argument.*{rule}"):
             Mamba3(**{"d_model": 4, "d_state": 4, **bad})
 

@@ -1,23 +1,28 @@
-"""The Mamba-3 mixer, single-input single-output (Lahoti, Li, Chen, Wang, Bick, Kolter, Dao, Gu 2026),
-as mamba_ssm's ``Mamba3Simple`` defines it.
+"""The Mamba-3 mixer, single-input single-output (Lahoti, Li, Chen, Wang, Bick, Kolter, Dao, Gu 2026), as
+mamba_ssm's released ``mamba_ssm.modules.mamba3.Mamba3`` (``is_mimo=False``) defines it, with the
+recurrence of its test reference ``mamba3_siso_step_ref``.
 
 Letters: Bt batch, L length, Dm model width (d_model), Di = expand·Dm inner width, H heads,
-P = headdim, G groups, N state size.
+P = headdim, G groups, N state size, R = rotary angles (⌊N·rope_fraction⌋ rounded down to even, / 2).
 
-    [z, x, B, C, δ, θ, λ] = in_proj(u)         Di, Di, G·N, G·N, H, H·N/2, H
-    Δ = clamp(softplus(δ + dt_bias)) · dt_scale, A = −exp(A_log) (H,)   λ = sigmoid(λ)
+    [z, x, B, C, δ, a, λ, θ] = in_proj(u)              Di, Di, G·N, G·N, H, H, H, R
+    Δ = softplus(δ + dt_bias) · dt_scale,   A_t = −max(softplus(a), A_floor)   (data-dependent, per head)
     B, C ← RMSNorm_N (per group), repeated to heads, + B_bias, C_bias (H, N)
-    B, C ← rotate(B, C; Φ_t),  Φ_t = Φ_0 + Σ_{r≤t} θ_r · dt_scale      pairs (n, n + N/2)
-    h_t  = exp(Δ_t A) h_{t−1} + λ_t Δ_t x_t B_tᵀ + (1 − λ_t) Δ_t exp(Δ_t A) x_{t−1} B_{t−1}ᵀ
-    y    = h_t C_t + D x_t;   out = out_proj(RMSNorm_group(y ⊙ SiLU(z)) ⊙ norm.weight)
+    Φ_t = Φ_{t−1} + π·tanh(θ_t)·Δ_t  (mod 2π; per head, R angles shared by the heads' rates)
+    B, C ← rotate pairs (2r, 2r + 1), r < R, by Φ_t    (the remaining N − 2R states pass unrotated)
+    h_t  = e^{Δ_t A_t} h_{t−1} + λ_t Δ_t x_t B_tᵀ + (1 − λ_t) Δ_t e^{Δ_t A_t} x_{t−1} B_{t−1}ᵀ,  λ = sigmoid
+    y    = h_t C_t + D x_t;   out = out_proj(y ⊙ SiLU(z))      (outproj_norm: RMSNorm per head, then the gate)
 
-There is no convolution (Mamba-3 drops it). The state carried between calls (and by ``step``):
-``ssm`` (Bt, H, P, N), the last step's ``x_prev`` (Bt, H, P) and rotated ``B_prev`` (Bt, H, N)
-for the trapezoid's β term, and the cumulative rotary angle ``angle`` (Bt, H, N/2). Parameter names
-equal the reference's, so its state dict loads by name.
+The angle's increment is bounded (π·tanh) and scaled by the step Δ, so at initialisation (Δ ≤ 0.1)
+B and C turn slowly: an earlier form (``Mamba3Simple``, outside the release) summed the raw θ and
+scrambled B·C across steps, and did not learn recall (benchmarks/tasks/reading/mqar-small.md).
+There is no convolution (Mamba-3 drops it). The state carried between calls (and by ``step``): ``ssm``
+(Bt, H, P, N), the last step's ``x_prev`` (Bt, H, P) and rotated ``B_prev`` (Bt, H, N) for the
+trapezoid's β term, and the cumulative angle ``angle`` (Bt, H, R). Parameter names and shapes equal
+the release's (``B_bias``/``C_bias`` (H, 1, N)), so its SISO state dict loads by name.
 
 Packed documents (``forward_packed``, ``zoo_core.packing``) run in one call, every document as a fresh
-sequence: the rotary angle is summed within each document only, and the scan's ``reset`` mark drops
+sequence: the angle is summed within each document only, and the scan's ``reset`` mark drops
 the state and the trapezoid's previous-step term at each document start; each document's final state
 (``ssm`` from the scan's ``ends``, ``x_prev``, ``B_prev``, ``angle``) is read at its last step.
 """
@@ -43,12 +48,29 @@ from zoo_core.protocols import OptimHint, State, require_state_keys
 from .params import Mamba3Params
 from .scan import TrapScanOp, trap_scan_sequential
 
+TWO_PI = 2 * math.pi
 
-def rotate_half(v: Tensor, angle: Tensor) -> Tensor:
-    """Rotate pairs (v_n, v_{n+N/2}) by angle_n: v (..., N), angle (..., N/2) (mamba_ssm's layout)."""
-    v1, v2 = v.chunk(2, dim=-1)
-    cos, sin = torch.cos(angle), torch.sin(angle)
-    return torch.cat([v1 * cos - v2 * sin, v1 * sin + v2 * cos], dim=-1)
+
+def rotate_pairs(v: Tensor, angle: Tensor) -> Tensor:
+    """Rotate the pairs (v_{2r}, v_{2r+1}) by angle_r for r < R: v (..., N), angle (..., R), 2R ≤ N (the
+    release's SISO layout, ``rotate_pairwise``); the states past 2R pass unchanged."""
+    R = angle.shape[-1]
+    pairs = v[..., : 2 * R].unflatten(-1, (R, 2))
+    v0, v1 = pairs[..., 0], pairs[..., 1]
+    cos, sin = torch.cos(angle).to(v.dtype), torch.sin(angle).to(v.dtype)
+    turned = torch.stack([v0 * cos - v1 * sin, v0 * sin + v1 * cos], dim=-1).flatten(-2)
+    return torch.cat([turned, v[..., 2 * R:]], dim=-1) if 2 * R < v.shape[-1] else turned
+
+
+def rope_angles(d_state: int, rope_fraction: float) -> int:
+    """R, the number of rotary angles: ⌊N·rope_fraction⌋ rounded down to even, halved (the release's)."""
+    split = int(d_state * rope_fraction)
+    return (split - split % 2) // 2
+
+
+def wrap(angle: Tensor) -> Tensor:
+    """angle mod 2π, in [0, 2π) (the release keeps its cumulative angle so)."""
+    return angle - TWO_PI * torch.floor(angle / TWO_PI)
 
 
 def cumsum_per_document(v: Tensor, segments: Segments) -> Tensor:
@@ -73,19 +95,20 @@ class Mamba3(CoreBase, params=Mamba3Params):
     # Present only with the matching switch; declared for the type checker.
     B_norm: nn.RMSNorm
     C_norm: nn.RMSNorm
-    B_bias: nn.Parameter  # (H, N)
-    C_bias: nn.Parameter  # (H, N)
+    B_bias: nn.Parameter  # (H, 1, N)
+    C_bias: nn.Parameter  # (H, 1, N)
+    norm: GatedRMSNorm
 
     def __init__(
         self,
         d_model: int,
-        d_state: int = 64,
+        d_state: int = 128,
         expand: int = 2,
         headdim: int | None = None,
         nheads: int | None = None,
         ngroups: int = 1,
-        A_init_min: float = 1.0,
-        A_init_max: float = 16.0,
+        rope_fraction: float = 0.5,
+        A_floor: float = 1e-4,
         dt_min: float = 1e-3,
         dt_max: float = 0.1,
         dt_init_floor: float = 1e-4,
@@ -97,6 +120,7 @@ class Mamba3(CoreBase, params=Mamba3Params):
         use_trapezoidal: bool = True,
         use_bc_norm: bool = True,
         use_bc_bias: bool = True,
+        outproj_norm: bool = False,
         chunk_size: int = 64,
         backend: str | Mapping[str, str] = "auto",
         *,
@@ -112,60 +136,63 @@ class Mamba3(CoreBase, params=Mamba3Params):
         self.d_model, self.d_state, self.expand, self.d_inner, self.headdim = d_model, N, expand, Di, headdim
         self.nheads, self.ngroups, self.chunk_size, self.dt_scale = H, G, chunk_size, dt_scale
         self.dt_limit = (dt_limit_min, math.inf if dt_limit_max is None else dt_limit_max)
+        self.A_floor, self.rope_fraction = A_floor, rope_fraction
         self.use_rope, self.use_trapezoidal = use_rope, use_trapezoidal
-        self.use_bc_norm, self.use_bc_bias = use_bc_norm, use_bc_bias
-        self._split = [Di, Di, G * N, G * N, H, H * (N // 2) if use_rope else 0, H if use_trapezoidal else 0]
+        self.use_bc_norm, self.use_bc_bias, self.outproj_norm = use_bc_norm, use_bc_bias, outproj_norm
+        self.n_angles = rope_angles(N, rope_fraction) if use_rope else 0
+        # the release's order: z, x, B, C, dd_dt, dd_A, trap, angles
+        self._split = [Di, Di, G * N, G * N, H, H, H if use_trapezoidal else 0, self.n_angles]
         self.in_proj = nn.Linear(d_model, sum(self._split), bias=bias, **kw)
-        # the reference's draw order: dt_bias, A_log, D
         self.dt_bias = nn.Parameter(softplus_inverse_dt(H, dt_min, dt_max, dt_init_floor, **fp32))  # softplus⁻¹(Δ₀)
-        self.A_log = nn.Parameter(torch.log(torch.empty(H, **fp32).uniform_(A_init_min, A_init_max)))
-        self.D = nn.Parameter(torch.ones(H, **fp32))
+        if use_bc_bias:
+            self.B_bias = nn.Parameter(torch.ones(H, 1, N, **kw))
+            self.C_bias = nn.Parameter(torch.ones(H, 1, N, **kw))
         if use_bc_norm:
             self.B_norm = nn.RMSNorm(N, eps=1e-5, **kw)
             self.C_norm = nn.RMSNorm(N, eps=1e-5, **kw)
-        if use_bc_bias:
-            self.B_bias = nn.Parameter(torch.ones(H, N, **kw))
-            self.C_bias = nn.Parameter(torch.ones(H, N, **kw))
-        self.norm = GatedRMSNorm(Di, Di // G, eps=1e-5, **kw)
+        self.D = nn.Parameter(torch.ones(H, **fp32))
+        if outproj_norm:
+            self.norm = GatedRMSNorm(Di, headdim, eps=1e-5, norm_before_gate=True, **kw)
         self.out_proj = nn.Linear(Di, d_model, bias=bias, **kw)
 
     # pieces ------------------------------------------------------------------------------
     def _project(self, u: Tensor, angle0: Tensor | None, segments: Segments | None = None) -> dict[str, Tensor]:
-        """Everything the scan needs from u (Bt, L, Dm): z, x (Bt, L, H, P), Δ, λ (Bt, L, H),
-        rotated B, C (Bt, L, H, N) and the cumulative angle (Bt, L, H, N/2) continuing angle0, or
+        """Everything the scan needs from u (Bt, L, Dm): z, x (Bt, L, H, P), Δ, A, λ (Bt, L, H),
+        rotated B, C (Bt, L, H, N) and the cumulative angle (Bt, L, H, R) continuing angle0, or
         restarting at every document of ``segments``."""
         Bt, L, _ = u.shape
         H, P, N, G = self.nheads, self.headdim, self.d_state, self.ngroups
-        z, x, B, C, dt_raw, theta, lam_raw = self.in_proj(u).split(self._split, -1)
-        dt = F.softplus(dt_raw + self.dt_bias)  # (Bt, L, H)
+        z, x, B, C, dt_raw, a_raw, lam_raw, theta = self.in_proj(u).split(self._split, -1)
+        dt = F.softplus(dt_raw + self.dt_bias)  # (Bt, L, H), float32 at least (dt_bias is)
         if self.dt_limit != (0.0, math.inf):
             dt = dt.clamp(min=self.dt_limit[0], max=self.dt_limit[1])
-        dt = dt * self.dt_scale  # a sampling-rate factor on every Δ (1 in training: the reference)
+        dt = dt * self.dt_scale  # a sampling-rate factor on every Δ (1 in training: the release)
+        A = -F.softplus(a_raw.to(dt.dtype)).clamp(min=self.A_floor)  # (Bt, L, H), ≤ −A_floor
         B, C = B.reshape(Bt, L, G, N), C.reshape(Bt, L, G, N)
         if self.use_bc_norm:
             B, C = self.B_norm(B), self.C_norm(C)
         B = B.repeat_interleave(H // G, dim=2)  # (Bt, L, H, N): group g serves heads g·H/G ...
         C = C.repeat_interleave(H // G, dim=2)
         if self.use_bc_bias:
-            B, C = B + self.B_bias, C + self.C_bias
-        out = {"z": z, "x": x.reshape(Bt, L, H, P), "dt": dt}
+            B, C = B + self.B_bias[:, 0], C + self.C_bias[:, 0]
+        out = {"z": z, "x": x.reshape(Bt, L, H, P), "dt": dt, "A": A}
         if self.use_rope:
-            theta = theta.reshape(Bt, L, H, N // 2).to(dt.dtype) * self.dt_scale
+            # each head turns the R shared angles at its own rate Δ: (Bt, L, H, R)
+            step = math.pi * torch.tanh(theta.to(dt.dtype))[:, :, None, :] * dt[..., None]
             if segments is not None:
-                angle = cumsum_per_document(theta, segments)
+                angle = cumsum_per_document(step, segments)
             else:
-                angle = torch.cumsum(theta, dim=1)
+                wide = step.dtype if step.device.type == "mps" else torch.promote_types(step.dtype, torch.float64)
+                angle = torch.cumsum(step.to(wide), dim=1)  # summed wide: exact over long streams, then wrapped
                 if angle0 is not None:
-                    angle = angle + angle0[:, None]
-            B, C = rotate_half(B, angle), rotate_half(C, angle)
+                    angle = angle + angle0[:, None].to(wide)
+            angle = wrap(angle).to(step.dtype)
+            B, C = rotate_pairs(B, angle), rotate_pairs(C, angle)
             out["angle"] = angle
         out["B"], out["C"] = B, C
         if self.use_trapezoidal:
             out["lam"] = torch.sigmoid(lam_raw)
         return out
-
-    def A(self) -> Tensor:
-        return -torch.exp(self.A_log)  # (H,)
 
     def _run(self, u: Tensor, state: State | None, scan: TrapScanOp) -> tuple[Tensor, State]:
         """u (Bt, L, Dm) through ``scan``, continuing ``state``; the output and the state after."""
@@ -180,15 +207,20 @@ class Mamba3(CoreBase, params=Mamba3Params):
         x_prev = B_prev = h0 = None
         if state is not None:
             h0, x_prev, B_prev = state["ssm"], state.get("x_prev"), state.get("B_prev")
-        y, h = scan(p["x"], p["dt"], self.A(), p["B"], p["C"], p.get("lam"), h0, x_prev, B_prev,
+        y, h = scan(p["x"], p["dt"], p["A"], p["B"], p["C"], p.get("lam"), h0, x_prev, B_prev,
                     chunk_size=self.chunk_size)
         return self._output(u, y, p), self._state_after(h, p, lambda t: t[:, -1])
 
     def _output(self, u: Tensor, y: Tensor, p: Mapping[str, Tensor]) -> Tensor:
-        """The scan's y (Bt, L, H, P) -> out (Bt, L, Dm): the D skip, the gated norm, out_proj."""
+        """The scan's y (Bt, L, H, P) -> out (Bt, L, Dm): the D skip, the SiLU(z) gate (after a per-head
+        RMSNorm with outproj_norm), out_proj."""
         Bt, L, _ = u.shape
-        y = (y + p["x"] * self.D[:, None]).to(u.dtype)  # (Bt, L, H, P)
-        return cast(Tensor, self.out_proj(self.norm(y.reshape(Bt, L, self.d_inner), p["z"])))
+        y = (y + p["x"] * self.D[:, None]).reshape(Bt, L, self.d_inner)  # (Bt, L, Di), float32 at least
+        if self.outproj_norm:
+            y = self.norm(y, p["z"])
+        else:
+            y = y * F.silu(p["z"].to(y.dtype))
+        return cast(Tensor, self.out_proj(y.to(u.dtype)))
 
     def _state_after(self, h: Tensor, p: Mapping[str, Tensor], last: Callable[[Tensor], Tensor]) -> State:
         """The state after a sequence's last step (``last`` picks it: the final step, or each document's)."""
@@ -216,7 +248,7 @@ class Mamba3(CoreBase, params=Mamba3Params):
             ends = torch.zeros(segments.shape, dtype=torch.bool, device=x.device)
             ends[segments.doc_row, segments.doc_end] = True  # (Bt, L)
         scan = cast(TrapScanOp, self.ops.scan)
-        y, h = scan(p["x"], p["dt"], self.A(), p["B"], p["C"], p.get("lam"), chunk_size=self.chunk_size,
+        y, h = scan(p["x"], p["dt"], p["A"], p["B"], p["C"], p.get("lam"), chunk_size=self.chunk_size,
                     reset=segments.starts, ends=ends)
         return self._output(x, y, p), (self._state_after(h, p, segments.at_ends) if with_states else None)
 
@@ -237,7 +269,7 @@ class Mamba3(CoreBase, params=Mamba3Params):
         if self.use_trapezoidal:
             parts.update(x_prev="(B, H, P)", B_prev="(B, H, N)")
         if self.use_rope:
-            parts["angle"] = "(B, H, N/2)"
+            parts["angle"] = "(B, H, R)"
         return parts
 
     def init_state(self, batch_size: int, *, device: Any = None, dtype: Any = None) -> State:
@@ -250,16 +282,17 @@ class Mamba3(CoreBase, params=Mamba3Params):
             state["x_prev"] = torch.zeros(batch_size, H, P, device=device, dtype=dt)
             state["B_prev"] = torch.zeros(batch_size, H, N, device=device, dtype=dt)
         if self.use_rope:
-            state["angle"] = torch.zeros(batch_size, H, N // 2, device=device, dtype=dt)
+            state["angle"] = torch.zeros(batch_size, H, self.n_angles, device=device, dtype=dt)
         return state
 
     def optim_hints(self) -> Mapping[str, OptimHint]:
-        """No weight decay on dt_bias, A_log and D (the reference's ``_no_weight_decay``)."""
+        """No weight decay on dt_bias and D (the release's ``_no_weight_decay``)."""
         hint = OptimHint(weight_decay=0.0)
-        return {n: hint for n, _ in self.named_parameters() if n in ("dt_bias", "A_log", "D")}
+        return {n: hint for n, _ in self.named_parameters() if n in ("dt_bias", "D")}
 
     def extra_repr(self) -> str:
         off = [k for k in ("use_rope", "use_trapezoidal", "use_bc_norm", "use_bc_bias") if not getattr(self, k)]
         return (f"d_model={self.d_model}, d_inner={self.d_inner}, heads={self.nheads}×{self.headdim}, "
-                f"d_state={self.d_state}, ngroups={self.ngroups}, chunk_size={self.chunk_size}"
+                f"d_state={self.d_state}, angles={self.n_angles}, ngroups={self.ngroups}, chunk_size={self.chunk_size}"
+                + (", outproj_norm=True" if self.outproj_norm else "")
                 + "".join(f", {k}=False" for k in off) + f", backend={self.backend_choice.label()}")

@@ -12,14 +12,16 @@ from .params import Mamba3Params
 
 zoo_api = 1
 
-CARD = """Mamba-3, SISO (Lahoti et al. 2026, arXiv 2603.15569), as mamba_ssm's Mamba3Simple: in_proj to
-(z, x, B, C, Δ, θ, λ); no convolution; B, C RMS-normed per group, per-head biases (init 1), rotated by
-the cumulative data-dependent angle Σθ (RoPE on the state); per-head scalar A = −exp(A_log);
+CARD = """Mamba-3, SISO (Lahoti et al. 2026, arXiv 2603.15569), as mamba_ssm's released Mamba3
+(is_mimo false): in_proj to (z, x, B, C, Δ, a, λ, θ); no convolution; data-dependent A_t =
+−max(softplus(a_t), A_floor); B, C RMS-normed per group, per-head biases (init 1), pairs rotated by
+the cumulative angle Σ π·tanh(θ)·Δ (R = N·rope_fraction / 2 shared angles, each head at its own Δ);
 trapezoidal discretisation h_t = e^{ΔA} h_{t−1} + λΔ x_t B_tᵀ + (1−λ)Δ e^{ΔA} x_{t−1} B_{t−1}ᵀ,
-y = h C + D x, gated RMSNorm (norm after the SiLU(z) gate), out_proj. Backends: mamba3-sequential
-(the reference recurrence) and mamba3-chunked (SSD-style chunks, the trapezoid folded into the
-chunk matrix; chunk_size). Streams with a constant state (h, the last x and B, the angle); Δ (and
-θ with it) rescale with dt_scale. No peer runs on CPU: checked against the reference recurrence,
+y = h C + D x, gated by SiLU(z) (outproj_norm: a per-head RMSNorm first), out_proj. Backends:
+mamba3-sequential (the recurrence of the release's mamba3_siso_step_ref) and mamba3-chunked
+(SSD-style chunks, the trapezoid folded into the chunk matrix; chunk_size). Streams with a constant
+state (h, the last x and B, the angle); Δ (and the angle's rate with it) rescale with dt_scale. No
+peer runs on CPU (the release's kernels are Triton/CUDA): checked against its reference recurrence,
 a float64 L×L re-derivation, and step = forward."""
 
 PRESETS = {
@@ -47,7 +49,7 @@ def zoo_register_cores(register: RegisterCore) -> None:
 def zoo_register_backends(register: RegisterBackend) -> None:
     register("mamba3-sequential", "scan", "zoo_mamba3.scan:trap_scan_sequential", priority=0, supports=_trapezoidal,
              aliases=("sequential",),
-             description="Mamba-3's trapezoidal scan, reference: Mamba3Simple._recurrence step by step under autograd")
+             description="Mamba-3's trapezoidal scan, reference: the release's mamba3_siso_step_ref recurrence step by step under autograd")
     register("mamba3-chunked", "scan", "zoo_mamba3.scan:trap_scan_chunked", priority=10, supports=_trapezoidal,
              aliases=("chunked",),
              description="Mamba-3's trapezoidal scan in SSD-style chunks (Q × Q matmuls within a chunk, state "

@@ -1,9 +1,10 @@
 """Mamba-3's trapezoidal SSM scan (SISO): the sequential reference and the chunked SSD-style form.
 
 Letters: Bt batch, L length, H heads, P head width, N state size, Q chunk length.
-Both functions have the same signature (``TrapScanOp``) and compute, per head with A < 0,
+Both functions have the same signature (``TrapScanOp``) and compute, per head with A < 0 (a rate per
+head (H,), or per step and head (Bt, L, H): the released Mamba-3's data-dependent A),
 
-    α_t = exp(Δ_t A),  γ_t = λ_t Δ_t,  β_t = (1 − λ_t) Δ_t α_t          (Euler: γ_t = Δ_t, β_t = 0)
+    α_t = exp(Δ_t A_t),  γ_t = λ_t Δ_t,  β_t = (1 − λ_t) Δ_t α_t          (Euler: γ_t = Δ_t, β_t = 0)
     h_t = α_t h_{t−1} + γ_t x_t B_tᵀ + β_t x_{t−1} B_{t−1}ᵀ             h (Bt, H, P, N)
     y_t = h_t C_t
 
@@ -13,7 +14,7 @@ with B and C already rotated. The step before the first is (x_prev, B_prev) from
 The chunked form folds the trapezoid into the SSD structure: since β_{s+1} = δ_{s+1} α_{s+1} with
 δ = (1 − λ)Δ, input s reaches every later output through the same decay as its γ term,
 
-    y_t = Σ_{s≤t} (C_t·B_s) · exp(Σ_{r=s+1..t} Δ_r A) · (γ_s + δ_{s+1}·[s < t]) · x_s,
+    y_t = Σ_{s≤t} (C_t·B_s) · exp(Σ_{r=s+1..t} Δ_r A_r) · (γ_s + δ_{s+1}·[s < t]) · x_s,
 
 a masked, decayed attention-like matrix inside a chunk and state passing between chunks, where the
 cross-boundary term δ_{first} x_{last}B_{last}ᵀ joins the state that enters the next chunk.
@@ -61,9 +62,9 @@ def trap_scan_sequential(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
                          h0: Tensor | None = None, x_prev: Tensor | None = None, B_prev: Tensor | None = None,
                          *, chunk_size: int = 64, reset: Tensor | None = None,
                          ends: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The reference: ``Mamba3Simple._recurrence`` step by step (chunk_size is ignored).
+    """The reference: the release's ``mamba3_siso_step_ref`` recurrence step by step (chunk_size is ignored).
 
-    x (Bt, L, H, P), dt (Bt, L, H) positive, A (H,) negative, B, C (Bt, L, H, N) rotated,
+    x (Bt, L, H, P), dt (Bt, L, H) positive, A (H,) or (Bt, L, H) negative, B, C (Bt, L, H, N) rotated,
     lam (Bt, L, H) in (0, 1) or None (Euler), h0 (Bt, H, P, N), x_prev (Bt, H, P), B_prev (Bt, H, N).
     Returns y (Bt, L, H, P) and h_L (Bt, H, P, N), in float32 or wider. With ``reset`` the state and the
     previous step's x Bᵀ entering a marked step are multiplied by 0; with ``ends`` the states after
@@ -73,7 +74,7 @@ def trap_scan_sequential(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     ct = _compute_dtype(x)
     x, dt, A, B, C = x.to(ct), dt.to(ct), A.to(ct), B.to(ct), C.to(ct)
     Bt, L, H, P = x.shape
-    alpha = torch.exp(dt * A)  # (Bt, L, H)
+    alpha = torch.exp(dt * A)  # (Bt, L, H); A broadcasts from (H,)
     gamma = dt if lam is None else lam.to(ct) * dt
     beta = None if lam is None else (1 - lam.to(ct)) * dt * alpha
     h = x.new_zeros(Bt, H, P, B.shape[-1]) if h0 is None else h0.to(ct)
@@ -141,6 +142,7 @@ def trap_scan_chunked_composed(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
     h = x.new_zeros(Bt, H, P, N) if h0 is None else h0.to(ct)
     if L == 0:
         return x.new_zeros(Bt, 0, H, P), (h if ends is None else h[:0])
+    dA = dt * A  # Δ_t A_t, (Bt, L, H) whether A is per head or per step
     gamma = dt if lam is None else lam.to(ct) * dt  # (Bt, L, H)
     delta = torch.zeros_like(dt) if lam is None else (1 - lam.to(ct)) * dt  # β_t = δ_t α_t
     if x_prev is not None and B_prev is not None:
@@ -152,14 +154,14 @@ def trap_scan_chunked_composed(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
     dnext = F.pad(delta[:, 1:], (0, 0, 0, 1 + pad))  # δ_{s+1}, (Bt, nc·Q, H); 0 past the end
     if pad:
         x, B, C = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (x, B, C))
-        dt, gamma, delta = (F.pad(t, (0, 0, 0, pad)) for t in (dt, gamma, delta))
+        dA, gamma, delta = (F.pad(t, (0, 0, 0, pad)) for t in (dA, gamma, delta))
     x = x.reshape(Bt, nc, Q, H, P)
     B, C = B.reshape(Bt, nc, Q, H, N), C.reshape(Bt, nc, Q, H, N)
     gamma, delta, dnext = (t.reshape(Bt, nc, Q, H) for t in (gamma, delta, dnext))
     seen = None  # (Bt, nc, Q): starts in the chunk at or before each step (the padded tail holds none)
     if reset is not None:
         seen = torch.cumsum(F.pad(reset, (0, pad)).reshape(Bt, nc, Q).long(), dim=2)
-    acum = torch.cumsum((dt * A).reshape(Bt, nc, Q, H), dim=2)  # Σ_{r ≤ t in chunk} Δ_r A, (Bt, nc, Q, H)
+    acum = torch.cumsum(dA.reshape(Bt, nc, Q, H), dim=2)  # Σ_{r ≤ t in chunk} Δ_r A_r, (Bt, nc, Q, H)
 
     # within a chunk: M[t, s] = (C_t·B_s) exp(acum_t − acum_s) (γ_s + δ_{s+1}[s < t]), s ≤ t
     causal = torch.ones(Q, Q, dtype=torch.bool, device=x.device).tril()
