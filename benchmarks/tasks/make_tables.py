@@ -96,6 +96,14 @@ SCALE = {
                   "(weight decay 0.01), lr 3e-3, at most 20 epochs at batch 32 (≤ 5,000 steps), early stopping after 5.",
 }
 
+# The LRA papers' rows (ListOps and Pathfinder alike): S4's own, S4D's and S5's as LRU cites them, LRU's, LRA's Transformer.
+LRA_ROWS: dict[str, list[tuple[str, str | None, str]]] = {
+    "s4": [("S4", None, "S4, LRA")],
+    "s4d": [("S4D-LegS (paper results, as cited by LRU)", None, "S4D-LegS, LRA")],
+    "s5": [("S5 (paper results, as cited by LRU)", None, "S5, LRA")],
+    "lru": [("LRU", None, "LRU, LRA")],
+    "attention": [("Transformer", None, "Transformer, LRA")],
+}
 # Our core label -> the published rows that report that model on the task: (model in published.yaml,
 # a substring the entry's `setting` must hold (None: any), the name to print).
 PUBLISHED_FOR: dict[str, dict[str, list[tuple[str, str | None, str]]]] = {
@@ -111,20 +119,8 @@ PUBLISHED_FOR: dict[str, dict[str, list[tuple[str, str | None, str]]]] = {
         "attention": [("Attention", "model dimension 64;", "attention, d = 64, L = 64–512, vocab 8,192")],
         "mamba": [("Mamba", None, "Mamba, state 2e4–1e5, vocab 8,192")],
     },
-    "listops": {
-        "s4": [("S4", None, "S4, LRA")],
-        "s4d": [("S4D-LegS (paper results, as cited by LRU)", None, "S4D-LegS, LRA")],
-        "s5": [("S5 (paper results, as cited by LRU)", None, "S5, LRA")],
-        "lru": [("LRU", None, "LRU, LRA")],
-        "attention": [("Transformer", None, "Transformer, LRA")],
-    },
-    "pathfinder": {
-        "s4": [("S4", None, "S4, LRA")],
-        "s4d": [("S4D-LegS (paper results, as cited by LRU)", None, "S4D-LegS, LRA")],
-        "s5": [("S5 (paper results, as cited by LRU)", None, "S5, LRA")],
-        "lru": [("LRU", None, "LRU, LRA")],
-        "attention": [("Transformer", None, "Transformer, LRA")],
-    },
+    "listops": LRA_ROWS,
+    "pathfinder": LRA_ROWS,
     "pixel-mnist": {
         "s4": [("S4", None, "S4")],
         "s5": [("S5", None, "S5, causal")],
