@@ -185,14 +185,16 @@ def mixer_by_hand(core: Mamba3, u: torch.Tensor) -> torch.Tensor:
         h = (alpha[..., None, None] * h + beta[..., None, None] * v_prev[..., None] * k_prev[..., None, :]
              + gamma[..., None, None] * v[..., None] * k[..., None, :])
         out = torch.einsum("bhpn,bhn->bhp", h, q) + core.D[:, None] * v
+        if core.outproj_norm:  # the release's RMSNormGated(norm_before_gate=True, group_size=headdim)
+            out = rms(out, 1.0).reshape(Bt, Di) * core.norm.weight
         outs.append(out.reshape(Bt, Di) * F.silu(z[:, t]))
         k_prev, v_prev = k, v
     return torch.stack(outs, 1) @ core.out_proj.weight.T
 
 
-@pytest.mark.parametrize("backend", ["sequential", "chunked"])
-def test_mixer_equals_the_equations(backend):
-    core = _core(backend=backend, dt_scale=1.5)
+@pytest.mark.parametrize("backend,outproj_norm", [("sequential", False), ("chunked", False), ("chunked", True)])
+def test_mixer_equals_the_equations(backend, outproj_norm):
+    core = _core(backend=backend, dt_scale=1.5, outproj_norm=outproj_norm)
     u = torch.randn(2, 8, 5, dtype=F64)
     torch.testing.assert_close(core(u), mixer_by_hand(core, u), rtol=1e-9, atol=1e-9)
 
