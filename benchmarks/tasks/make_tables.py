@@ -384,8 +384,8 @@ def render(tasks: list[Task], published: list[dict[str, Any]], *, reading_dir: P
         "tasks are built to separate them: recall of a token seen long before (induction heads, MQAR) and copying "
         "only the tokens that matter among noise (selective copying), which a time-invariant state space model "
         "cannot do by construction and an input-dependent one can (Mamba §3.1); ListOps (Long Range Arena) asks for "
-        "hierarchical structure over a few hundred steps, and sequential MNIST for evidence gathered over 784 steps, "
-        "in reading order or permuted. Each task is a dataset of the zoo-synthetic or "
+        "hierarchical structure over a few hundred steps, sequential MNIST for evidence gathered over 784 steps, "
+        "in reading order or permuted, and Pathfinder for tracing a path through 1,024 pixels. Each task is a dataset of the zoo-synthetic or "
         "zoo-longrange plugin; its card (definition, the paper's parameters, what changed for a CPU) is linked "
         "in its section.",
         "",
@@ -397,16 +397,17 @@ def render(tasks: list[Task], published: list[dict[str, Any]], *, reading_dir: P
         "RG-LRU and GDN, four heads with RoPE for attention). ListOps, a classification task, uses the same blocks "
         "with the outputs mean-pooled into one label (`benchmarks/tasks/specs/cls-2layer.yaml`); sMNIST and psMNIST "
         "use that classifier at width 32 on the one grey value per step (`benchmarks/tasks/specs/pixel-2layer.yaml`: "
-        "at 784 steps width 64 costs 1.7–3.5× as much per update here).",
+        "at 784 steps width 64 costs 1.7–3.5× as much per update here), and Pathfinder the same with 2 labels "
+        "(`benchmarks/tasks/specs/pathfinder-2layer.yaml`).",
         "",
         "**The protocol.** Each core × seed is one `zoo train` run: Adam, lr 3e-3, gradient clipping 1.0, batch 32, "
-        "at most 8 epochs of ~500 steps (MQAR: 24 of ~190; ListOps: AdamW, 6 of ~310; sMNIST/psMNIST: AdamW, one of 1,562) with early stopping after 3 "
+        "at most 8 epochs of ~500 steps (MQAR: 24 of ~190; ListOps: AdamW, 6 of ~310; sMNIST/psMNIST: AdamW, one of 1,562; Pathfinder: AdamW, 20 of 250, patience 5) with early stopping after 3 "
         "(MQAR: 6) epochs without "
         "improvement or as soon as validation reaches 100 % (`training.stop_at`), the model of the best validation "
         "token accuracy kept and scored on the test split (`training.protocol: official`: the generator's own "
         "train/val/test). Induction heads and selective copying train at length 64 (the `-short` variants: a "
         "quarter of the cost per step of length 256, so ~4,000 updates fit a cell; at length 256 and ~1,250 "
-        "updates every core but RG-LRU stayed at chance). The table gives the test token accuracy over the scored positions (ListOps, sMNIST, psMNIST: label accuracy), mean ± sample std over "
+        "updates every core but RG-LRU stayed at chance). The table gives the test token accuracy over the scored positions (ListOps, sMNIST, psMNIST, Pathfinder: label accuracy), mean ± sample std over "
         "the seeds (the count in brackets), the parameter count, and the median seconds per epoch (one thread of a "
         "shared two-core CPU, several runs at a time: a rough cost, not a speed benchmark). Published figures come "
         "from `benchmarks/tasks/published.yaml` (each with its source; `benchmarks/tasks/PUBLISHED.md` is the "
