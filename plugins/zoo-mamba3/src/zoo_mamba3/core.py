@@ -73,12 +73,17 @@ def wrap(angle: Tensor) -> Tensor:
     return angle - TWO_PI * torch.floor(angle / TWO_PI)
 
 
+def wide_dtype(t: Tensor) -> torch.dtype:
+    """float64 where the device has it (MPS has none), for sums whose float32 rounding would matter."""
+    return t.dtype if t.device.type == "mps" else torch.promote_types(t.dtype, torch.float64)
+
+
 def cumsum_per_document(v: Tensor, segments: Segments) -> Tensor:
     """Σ_{r ≤ t, r in t's document} v_r for v (Bt, L, ...): the row's cumulative sum minus its value
     just before the document's first step. The two are formed in float64 (where the device has it):
     a float32 difference would lose eps · |row prefix| (6e-5 rad after a prefix of 1e3), while the
     wide one keeps each document's sum as precise as its own cumulative sum alone."""
-    wide = v.dtype if v.device.type == "mps" else torch.promote_types(v.dtype, torch.float64)
+    wide = wide_dtype(v)
     total = torch.cumsum(v.to(wide), dim=1)  # (Bt, L, ...)
     L = v.shape[1]
     before = torch.arange(L, device=v.device) - segments.position - 1  # (Bt, L): the step before the start, −1 at step 0
@@ -182,7 +187,7 @@ class Mamba3(CoreBase, params=Mamba3Params):
             if segments is not None:
                 angle = cumsum_per_document(step, segments)
             else:
-                wide = step.dtype if step.device.type == "mps" else torch.promote_types(step.dtype, torch.float64)
+                wide = wide_dtype(step)
                 angle = torch.cumsum(step.to(wide), dim=1)  # summed wide: exact over long streams, then wrapped
                 if angle0 is not None:
                     angle = angle + angle0[:, None].to(wide)
