@@ -34,11 +34,11 @@ from .scan import _prepare, check_reset, scan_naive
 
 
 @triton.jit
-def _diag_kernel(  # every argument Any (Triton ignores that annotation); constexprs as Triton reads them
-    a_ptr: Any, b_ptr: Any, h0_ptr: Any, keep_ptr: Any, out_ptr: Any, last_ptr: Any,
-    L: Any, S: Any, sa_b: Any, sa_l: Any, sa_s: Any, sb_b: Any, sb_l: Any, sb_s: Any,
+def _diag_kernel(  # type: ignore[no-untyped-def]  # pointers and sizes unannotated: Triton's compiler resolves annotations
+    a_ptr, b_ptr, h0_ptr, keep_ptr, out_ptr, last_ptr,
+    L, S, sa_b, sa_l, sa_s, sb_b, sb_l, sb_s,
     REVERSE: tl.constexpr, IS_COMPLEX: tl.constexpr, W: tl.constexpr, HAS_KEEP: tl.constexpr, BLOCK_S: tl.constexpr,
-) -> None:
+):
     # W: real values per element in h0, out and last (contiguous): 2 for complex, else 1
     pb = tl.program_id(0)
     s = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)

@@ -50,13 +50,13 @@ CHUNK = 64  # T: steps per stored entering state; the backward's scratch holds T
 # ---------------------------------------------------------------------------------------------
 # kernels
 @triton.jit
-def _fwd_kernel(  # every argument Any (Triton ignores that annotation); constexprs as Triton reads them
-    u_ptr: Any, delta_ptr: Any, A_ptr: Any, B_ptr: Any, C_ptr: Any, D_ptr: Any, h0_ptr: Any, keep_ptr: Any, slot_ptr: Any,  # inputs
-    y_ptr: Any, last_ptr: Any, enter_ptr: Any,  # outputs
-    L: Any, Di: Any, N: Any,
+def _fwd_kernel(  # type: ignore[no-untyped-def]  # pointers and sizes unannotated: Triton's compiler resolves annotations
+    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, h0_ptr, keep_ptr, slot_ptr,  # inputs
+    y_ptr, last_ptr, enter_ptr,  # outputs
+    L, Di, N,
     STATIC_B: tl.constexpr, STATIC_C: tl.constexpr, HAS_D: tl.constexpr, HAS_KEEP: tl.constexpr,
     HAS_ENDS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-) -> None:
+):
     b = tl.program_id(0)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BD,)
     n = tl.arange(0, BLOCK_N)  # (BN,)
@@ -105,16 +105,16 @@ def _fwd_kernel(  # every argument Any (Triton ignores that annotation); constex
 
 
 @triton.jit
-def _bwd_kernel(  # every argument Any (Triton ignores that annotation); constexprs as Triton reads them
-    u_ptr: Any, delta_ptr: Any, A_ptr: Any, B_ptr: Any, C_ptr: Any, D_ptr: Any, keep_ptr: Any, slot_ptr: Any,  # inputs
-    gy_ptr: Any, glast_ptr: Any, enter_ptr: Any,  # inputs of the backward
-    scratch_ptr: Any,  # (programs, T+1, BD, BN) work space
-    gu_ptr: Any, gdelta_ptr: Any, gA_ptr: Any, gB_ptr: Any, gC_ptr: Any, gh0_ptr: Any,  # outputs (gA, static gB/gC: per batch row)
-    L: Any, Di: Any, N: Any,
+def _bwd_kernel(  # type: ignore[no-untyped-def]  # pointers and sizes unannotated: Triton's compiler resolves annotations
+    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, keep_ptr, slot_ptr,  # inputs
+    gy_ptr, glast_ptr, enter_ptr,  # inputs of the backward
+    scratch_ptr,  # (programs, T+1, BD, BN) work space
+    gu_ptr, gdelta_ptr, gA_ptr, gB_ptr, gC_ptr, gh0_ptr,  # outputs (gA, static gB/gC: per batch row)
+    L, Di, N,
     STATIC_B: tl.constexpr, STATIC_C: tl.constexpr, HAS_D: tl.constexpr, HAS_KEEP: tl.constexpr,
     HAS_ENDS: tl.constexpr, HAS_GLAST: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
-) -> None:
+):
     b = tl.program_id(0)
     pd = tl.program_id(1)
     n_dblocks = tl.num_programs(1)
