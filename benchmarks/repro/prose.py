@@ -190,11 +190,11 @@ def CLAIMS(g: Any, ad: list[dict[str, Any]], f: dict[str, Any]) -> list[str]:
     co = {(k, p, lo): g.accs("JapaneseVowels", k, p, lo, 0, epochs=60) for k in cores for p, lo in
           (("ABCDEF", "final"), ("AAAAAA", "final"), ("AAAAAA", "blockwise"))}
     # blockwise vs final, every shared configuration with both (EthanolLevel left out)
-    pairs = {(ds, k, p, c): (_m(g.accs(ds, k, p, "final", c, epochs=ep)), _m(g.accs(ds, k, p, "blockwise", c, epochs=ep)))
+    pairs = {(ds, k, p, c, ep): (_m(g.accs(ds, k, p, "final", c, epochs=ep)), _m(g.accs(ds, k, p, "blockwise", c, epochs=ep)))
              for (ds, k, p, lo, c, ep) in g.by if lo == "final" and p != "ABCDEF" and ds != "EthanolLevel"
              and g.accs(ds, k, p, "blockwise", c, epochs=ep)}
     bw_worse = sum(bw < fi for fi, bw in pairs.values())
-    bw_not = [f"{k} {p} on {ds}{f' (c = {c})' if c else ''}" for (ds, k, p, c), (fi, bw) in pairs.items() if bw >= fi]
+    bw_not = [f"{k} {p} on {ds}{f' (c = {c})' if c else ''}" for (ds, k, p, c, _), (fi, bw) in pairs.items() if bw >= fi]
     rs_better = sum(a[(p, lo, 24)] >= a[(p, lo, 0)] for p in pats for lo in ("final", "blockwise"))
 
     def adapt(setting: str, eps: float, pattern: str, loss: str, c: int, ds: str = "JapaneseVowels",
