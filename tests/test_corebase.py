@@ -1,6 +1,7 @@
 """The core contract made explicit by ``CoreBase``: arguments validated by the params model (one
-message style), the backend resolved and bound once at build time (no path test in ``forward``, the
-structure bound into the op), discretizers looked up in one call, capabilities declared once."""
+message style), the backend resolved and bound at build time (no path test in ``forward``, the
+structure bound into the op) and again on a move to another device type, discretizers looked up in
+one call, capabilities declared once."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from pydantic import ValidationError
 
 from zoo_core.corebase import CoreBase, runs_path
-from zoo_core.errors import CoreArgumentError
+from zoo_core.errors import BackendUnavailableError, CoreArgumentError
 from zoo_core.params import CoreParams, DtRange
 from zoo_core.plugin_registry import Problem
 from zoo_core.plugins import get_registry
@@ -111,3 +112,43 @@ def test_a_core_without_a_params_model_is_not_validated():
 def test_validated_arguments_are_kept_on_the_core():
     core = S4D(d_model=3, d_state=6)
     assert isinstance(core.hparams, CoreParams) and core.hparams.d_state == 6 and core.hparams.backend == "auto"
+
+
+def _scan_backends(model: torch.nn.Module) -> dict[str, str]:
+    return {n: m.backend_choice.label() for n, m in model.named_modules() if isinstance(m, CoreBase)}
+
+
+@pytest.mark.parametrize("name", ["s5", "lru", "linoss", "mamba"])
+def test_moving_a_core_to_another_device_binds_that_devices_backend(name):
+    """Built on CPU, ``auto`` binds a CPU-only op (the C++ scans); ``model.to(device)`` must bind what
+    runs there. It did not: every S5/LRU/LinOSS/Mamba model trained on a GPU (built on CPU, then moved,
+    as ``zoo train`` and most users do) failed with "Could not run 'zoo::linear_scan_fwd' with arguments
+    from the 'CUDA' backend". Here the other device is meta (a GPU's path is the same code)."""
+    from zoo_core.build import build_model
+    from zoo_core.spec import load_spec
+
+    preset = {"mamba": {"d_state": 4, "expand": 1}}.get(name, {"d_state": 16})
+    spec = load_spec({"schema_version": 1, "name": "moved", "task": {"kind": "classification", "classes": 2},
+                      "input": {"channels": 3}, "model": {"d_model": 8, "depth": 2, "core": {"kind": name, **preset}}})
+    model = build_model(spec, seed=0)
+    on_cpu = _scan_backends(model)
+    assert on_cpu and all("cpu" in label for label in on_cpu.values()), on_cpu  # the CPU-only ops, as auto picks them
+    model.to("meta")
+    on_meta = _scan_backends(model)
+    assert set(on_meta) == set(on_cpu) and not any("cpu" in label for label in on_meta.values()), on_meta
+    model.to_empty(device="cpu")  # and back: the CPU's choice again
+    assert _scan_backends(model) == on_cpu
+
+
+def test_a_named_backend_the_new_device_cannot_run_is_refused_with_the_reason():
+    from zoo_s5.core import S5
+
+    core = S5(8, d_state=16, backend={"scan": "cpu-scan"})
+    with pytest.raises(BackendUnavailableError, match=r"runs on CPU tensors only.*built on cpu with backend=.*moved to meta: "
+                                                      r"build it with backend='auto'"):
+        core.to("meta")
+    core = S5(8, d_state=16, backend="naive")  # runs everywhere: kept
+    core.to("meta")
+    assert core.backend_choice.entries["scan"].name == "naive"
+    core.double()  # a dtype change on the same device rebinds nothing
+    assert core.backend_choice.entries["scan"].name == "naive"

@@ -17,7 +17,8 @@ From that declaration the machinery does, for every constructor call (spec or di
    and **binds** the result once: ``self.ops.kernel`` / ``.conv`` / ``.scan`` /
    ``.selective_scan`` are the chosen implementations with the problem's structure already bound
    (typed by the op Protocols of ``zoo_core.protocols``), and ``self.run_path`` is the method
-   marked ``@runs_path(name)`` for the chosen path. ``forward`` never tests a path name.
+   marked ``@runs_path(name)`` for the chosen path. ``forward`` never tests a path name. Moving
+   the module to another device type (``.to``, ``.cuda``, ``to_empty``) binds the setting again there.
 
 Capabilities are declared once, on the params model (``CoreParams.capabilities``, torch-free, so
 registration can read it without importing model code); the class reports the same set.
@@ -37,7 +38,7 @@ from pydantic import ValidationError
 from torch import Tensor, nn
 
 from .backends import BackendChoice, BoundOps, resolve
-from .errors import CoreArgumentError
+from .errors import BackendUnavailableError, CoreArgumentError
 from .params import CoreParams
 from .plugin_registry import Problem
 from .plugins import get_registry  # the registry the core is built in (using_registry)
@@ -207,13 +208,35 @@ class CoreBase(nn.Module):
                        who=who or f"core {type(self).__name__}", pinned=self.auto_backends.get(kind, {}))
 
     def bind_backend(self, setting: Any, *, device: Any = None) -> BackendChoice:
-        """Resolve ``setting`` and bind it once: ``backend_choice``, ``ops`` and ``run_path``."""
+        """Resolve ``setting`` and bind it: ``backend_choice``, ``ops`` and ``run_path``; bound again
+        when the module moves to another device type (``_apply``: ``.to``, ``.cuda``, ``to_empty``)."""
         choice = self.resolve_backend(setting, device=device)
+        self.__dict__["_zoo_backend"] = (setting, torch.device(device or "cpu").type)  # not a module attribute
         self.backend_choice = choice
         self.ops = BoundOps(choice, self.problem.structure)
         if choice.path in self.path_methods:
             self.run_path = getattr(self, self.path_methods[choice.path])
         return choice
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> CoreBase:
+        """``nn.Module._apply`` (what ``.to``/``.cuda``/``.cpu``/``to_empty`` run), then, if the core's
+        tensors now live on another device type, the backend setting resolved again there: a core built
+        on CPU (``auto``: the C++ scan) and moved to a GPU runs the GPU's kernels, not a CPU-only op. A
+        setting that names a backend the new device cannot run is refused with the reason."""
+        out = super()._apply(fn, recurse)
+        bound = self.__dict__.get("_zoo_backend")
+        tensor: Tensor | None = next(iter(self.parameters()), None)
+        if tensor is None:
+            tensor = next(iter(self.buffers()), None)
+        if bound is not None and tensor is not None and tensor.device.type != bound[1]:
+            try:
+                self.bind_backend(bound[0], device=tensor.device)
+            except BackendUnavailableError as exc:
+                raise BackendUnavailableError(
+                    f"{exc} The core was built on {bound[1]} with backend={bound[0]!r} and then moved to {tensor.device.type}: "
+                    f"build it with backend='auto' (it picks per device), or name a backend that runs on "
+                    f"{tensor.device.type}") from None
+        return out
 
     def discretizer_for(self, name: str, structure: str | None = None) -> BoundDiscretizer:
         """The registered discretizer ``name`` with ``structure`` (default: the problem's) bound, its
