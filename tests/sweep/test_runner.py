@@ -142,3 +142,24 @@ def test_a_dataset_name_cannot_name_a_folder_outside_the_output(tmp_path):
     (tmp_path / "s.yaml").write_text("schema_version: 1\nspecs: {x: nope.yaml}\ndatasets: ['../../escaped']\n")
     with pytest.raises(SpecError, match="must be letters, digits"):
         load_sweep(tmp_path / "s.yaml")
+
+
+def test_a_failed_cells_error_is_its_exception_line_even_when_a_long_message_follows(tmp_path: Path) -> None:
+    """torch's "Could not run 'op' with arguments from the 'CUDA' backend" is followed by one line per
+    dispatch key: the row used to say "exit code 1: PythonDispatcher: registered at ..." (the log's last
+    line), which names neither the op nor the device."""
+    from zoo_core.sweep.execute import _error
+
+    log = tmp_path / "log.txt"
+    keys = [f"{k}: registered at /pytorch/aten/src/{k}.cpp:1 [backend fallback]" for k in ("CPU", "Meta", "Python", "PythonDispatcher")]
+    log.write_text("\n".join(["# 2026-12-04 zoo train spec.yaml", "Pathfinder32-6: seed 1", "Traceback (most recent call last):",
+                              '  File "loop.py", line 311, in _train_epoch', "    outs = runner(x)",
+                              "NotImplementedError: Could not run 'zoo::linear_scan_fwd' with arguments from the 'CUDA' backend.",
+                              *keys, ""]))
+    err = _error(log, 1)
+    assert err.splitlines()[0] == ("exit code 1: NotImplementedError: Could not run 'zoo::linear_scan_fwd' with arguments "
+                                   "from the 'CUDA' backend.")
+    assert "PythonDispatcher" not in err and '  File "loop.py", line 311' in err
+    log.write_text("Pathfinder32-6: seed 1\nzoo: error: spec.yaml: training.lr must be > 0\n")  # zoo train's one-line error: the last line
+    assert _error(log, 2).splitlines()[0] == "exit code 2: zoo: error: spec.yaml: training.lr must be > 0"
+    assert _error(tmp_path / "missing.txt", -9) == "killed by signal SIGKILL"

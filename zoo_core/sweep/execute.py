@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -31,6 +32,7 @@ import yaml
 
 from .config import Cell, Sweep
 
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)(: |$)")  # a traceback's last line
 ERROR_LINES = 6  # how much of a failed cell's log its row keeps (the whole log stays in log.txt)
 
 
@@ -125,8 +127,12 @@ def _error(log: Path, rc: int) -> str:
         why = "zoo train exited 0 but left no metrics.json / result.json"
     if not lines:
         return why
-    # first line: why and the log's last line (zoo train's one-line error, or a traceback's exception)
-    return f"{why}: {lines[-1].strip()}\nthe end of {log}:\n" + "\n".join(lines[-ERROR_LINES:])
+    # first line: why and the error: zoo train's one-line error, or a traceback's exception line, which
+    # is not always the last (torch's "Could not run ... from the 'CUDA' backend" lists 50 dispatch keys after it)
+    tb = max((i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")), default=None)
+    heads = [] if tb is None else [i for i in range(tb, len(lines)) if _EXCEPTION_LINE.match(lines[i])]
+    end = heads[0] + 1 if heads else len(lines)
+    return f"{why}: {lines[end - 1].strip()}\nthe end of {log}:\n" + "\n".join(lines[max(0, end - ERROR_LINES):end])
 
 
 def _die_with_parent() -> Callable[[], None] | None:
