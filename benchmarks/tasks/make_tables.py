@@ -330,6 +330,12 @@ def axis_table(task: Task, by: dict[str, list[Config]]) -> list[str]:
     return out
 
 
+def cpu_walls(c: Config) -> list[float]:
+    """The seeds' walls that ran on this kind of machine (one CPU thread): a seed run on a GPU
+    (benchmarks/tasks/device_sweep.sh; its row says "device": "cuda:0") is in the accuracy, not the clock."""
+    return [w for w, pick in zip(c.walls, c.picks, strict=True) if str(pick.get("device", "cpu")).startswith("cpu")]
+
+
 def plots(task: Task, by: dict[str, list[Config]], plot_dir: Path) -> list[Path]:
     made: list[Path | None] = []
     several = len(task.datasets) > 1
@@ -337,8 +343,8 @@ def plots(task: Task, by: dict[str, list[Config]], plot_dir: Path) -> list[Path]
         cs = [c for c in by.get(g, []) if not c.axes]
         if not cs:
             continue
-        wall = {c.spec: [(statistics.mean(c.walls), statistics.mean(c.values()),
-                          statistics.stdev(c.values()) if len(c.picks) > 1 else 0.0)] for c in cs}
+        wall = {c.spec: [(statistics.mean(cpu_walls(c)), statistics.mean(c.values()),
+                          statistics.stdev(c.values()) if len(c.picks) > 1 else 0.0)] for c in cs if cpu_walls(c)}
         name = f"{task.name}-{g}" if several else task.name
         made.append(plot_points(wall, plot_dir / f"{name}-accuracy-vs-wall.png", xlabel="training wall-clock per seed (s)",
                                 ylabel="test accuracy", title=f"{g if several else task.name}: test accuracy vs wall-clock", logx=True))
