@@ -237,3 +237,23 @@ def test_every_committed_task_sweep_builds_its_models(sweep_file: Path) -> None:
     for cell in {c.spec_label: c for c in sweep.cells}.values():
         model = build_model(cell.spec, seed=0)
         assert sum(p.numel() for p in model.parameters()) > 0, cell.key
+
+
+def test_rows_run_elsewhere_are_merged_by_key_and_never_replace_a_local_row(tmp_path: Path, capsys: Any) -> None:
+    """benchmarks/tasks/merge_results.py (rows back from device_sweep.sh): new finished cells appended as
+    they are; failed ones skipped; a key the local file holds kept, and named when its settings differ."""
+    from benchmarks.tasks import merge_results as mr
+
+    def row(key: str, status: str = "ok", h: str = "a", acc: float = 0.5) -> dict[str, Any]:
+        return {"key": key, "status": status, "config_hash": h, "metric": "accuracy", "test": {"accuracy": acc}, "device": "cuda:0"}
+
+    local, returned = tmp_path / "local.jsonl", tmp_path / "returned.jsonl"
+    local.write_text(json.dumps(row("s4/P/seed-0", acc=0.9)) + "\n")
+    returned.write_text("".join(json.dumps(r) + "\n" for r in [row("s4/P/seed-0", h="b"), row("s4/P/seed-1"),
+                                                                row("s5/P/seed-1", status="failed")]))
+    assert mr.main([str(returned), str(local)]) == 0
+    rows = [json.loads(line) for line in local.read_text().splitlines()]
+    assert [(r["key"], r["test"]["accuracy"]) for r in rows] == [("s4/P/seed-0", 0.9), ("s4/P/seed-1", 0.5)]
+    out = capsys.readouterr().out
+    assert "kept the local s4/P/seed-0: the returned one ran other settings (b)" in out and "1 cell(s) added" in out
+    assert mr.main([str(returned), str(local)]) == 0 and len(local.read_text().splitlines()) == 2  # idempotent
