@@ -1,6 +1,7 @@
-"""The GPU check of issue 16: kernel tests on CUDA, a Mamba model through the Triton backend, the
-Triton selective scan timed against the chunked PyTorch path (and mamba-ssm where it imports), and the
-Triton diagonal scan against the parallel PyTorch scan.
+"""The GPU check of issue 16: kernel tests on CUDA, a Mamba model through the Triton backend, every
+core built on CPU and moved to the GPU (one training step each), the Triton selective scan timed
+against the chunked PyTorch path (and mamba-ssm where it imports), and the Triton diagonal scan
+against the parallel PyTorch scan.
 
 Run through ``benchmarks/gpu_check.sh`` on a machine with a GPU (it installs the project first and
 says how to call it with the device tool); ``python benchmarks/gpu_check.py --dry-run`` runs the whole
@@ -114,6 +115,38 @@ def model_check(device: str) -> dict[str, Any]:
         for (n, p_r), p_f in zip(ref.named_parameters(), fast.parameters(), strict=True):
             errs[f"grad {n}"] = ((p_f.grad - p_r.grad).norm() / p_r.grad.norm().clamp_min(1e-30)).item()
         out[name] = {"max_rel_err": max(errs.values()), "ok": max(errs.values()) < 1e-4, "errors": errs}
+    return out
+
+
+def move_check(device: str) -> dict[str, Any]:
+    """Every registered core in a small classifier built on CPU and then moved (``model.to(device)``,
+    what ``zoo train`` and most users do): the backend each core binds after the move, and one forward
+    and backward step there. A core that kept a CPU-only op after the move fails here (it did:
+    S5, LRU, LinOSS and Mamba before 2026-12-04). The dry run moves to meta and only reads the labels."""
+    import torch
+
+    from zoo_core.build import build_model
+    from zoo_core.corebase import CoreBase
+    from zoo_core.plugins import get_registry
+    from zoo_core.spec import load_spec
+
+    target = device if device == "cuda" else "meta"
+    out: dict[str, Any] = {}
+    for name in sorted(get_registry().cores):
+        core = {"kind": name, "n_heads": 2} if name.startswith("attention") else {"kind": name, "preset": "tiny"}
+        try:
+            spec = load_spec({"schema_version": 1, "name": f"{name}-moved", "task": {"kind": "classification", "classes": 3},
+                              "input": {"channels": 4}, "model": {"d_model": 16, "depth": 2, "core": core}})
+            model = build_model(spec, seed=0).to(target)
+            labels = sorted({m.backend_choice.label() for m in model.modules() if isinstance(m, CoreBase)})
+            row: dict[str, Any] = {"backends": labels}
+            if target == "cuda":
+                x = torch.randn(2, 64, 4, device=target)
+                model(x).sum().backward()
+                row["grad_finite"] = all(bool(torch.isfinite(q.grad).all()) for q in model.parameters() if q.grad is not None)
+            out[name] = {**row, "ok": row.get("grad_finite", True)}
+        except Exception as exc:
+            out[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
     return out
 
 
@@ -290,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
         report.put("model_check", model_check(device))
     except Exception as exc:
         report.put("model_check", {"error": f"{type(exc).__name__}: {exc}"[:1000]})
+    try:
+        report.put("move_check", move_check(device))
+    except Exception as exc:
+        report.put("move_check", {"error": f"{type(exc).__name__}: {exc}"[:1000]})
     report.put("bench", bench(device, DRY_SIZES if a.dry_run else SIZES, 1 if a.dry_run else a.repeats, deadline))
     report.put("bench_diag", bench_diag(device, DRY_DIAG_SIZES if a.dry_run else DIAG_SIZES, 1 if a.dry_run else 3, deadline))
     report.put("seconds", round(time.perf_counter() - t_start, 1))

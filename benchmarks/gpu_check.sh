@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of issue 16 (the Triton selective scan): install the working tree, run the kernel tests
-# compiled on CUDA and the Mamba plugin's tests, check a Mamba layer through backend='triton', and time
+# compiled on CUDA and the Mamba plugin's tests, check a Mamba layer through backend='triton' and every core
+# built on CPU then moved to the GPU (one training step each; results in benchmarks/REPORT_GPU.md), and time
 # the Triton selective scan against the chunked PyTorch path (and mamba-ssm if it imports) at B=8 L=4096 Di=128
 # N=16 and B=16 L=8192 Di=1536 N=16, and the Triton diagonal scan against the parallel PyTorch scan at
 # B=32 L=4096 H=64 N=64 (float32, complex64). Writes $OUT/gpu_check.json (else benchmarks/results/gpu_check.json).
