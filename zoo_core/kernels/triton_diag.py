@@ -34,7 +34,7 @@ from .scan import _prepare, check_reset, scan_naive
 
 
 @triton.jit
-def _diag_kernel(  # type: ignore[no-untyped-def]  # pointers and sizes unannotated: Triton's compiler resolves annotations
+def _diag_kernel(  # pointers and sizes unannotated: Triton's compiler resolves annotations (pyproject.toml, mypy)
     a_ptr, b_ptr, h0_ptr, keep_ptr, out_ptr, last_ptr,
     L, S, sa_b, sa_l, sa_s, sb_b, sb_l, sb_s,
     REVERSE: tl.constexpr, IS_COMPLEX: tl.constexpr, W: tl.constexpr, HAS_KEEP: tl.constexpr, BLOCK_S: tl.constexpr,

@@ -50,7 +50,7 @@ CHUNK = 64  # T: steps per stored entering state; the backward's scratch holds T
 # ---------------------------------------------------------------------------------------------
 # kernels
 @triton.jit
-def _fwd_kernel(  # type: ignore[no-untyped-def]  # pointers and sizes unannotated: Triton's compiler resolves annotations
+def _fwd_kernel(  # pointers and sizes unannotated: Triton's compiler resolves annotations (pyproject.toml, mypy)
     u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, h0_ptr, keep_ptr, slot_ptr,  # inputs
     y_ptr, last_ptr, enter_ptr,  # outputs
     L, Di, N,
@@ -105,7 +105,7 @@ def _fwd_kernel(  # type: ignore[no-untyped-def]  # pointers and sizes unannotat
 
 
 @triton.jit
-def _bwd_kernel(  # type: ignore[no-untyped-def]  # pointers and sizes unannotated: Triton's compiler resolves annotations
+def _bwd_kernel(  # pointers and sizes unannotated: Triton's compiler resolves annotations (pyproject.toml, mypy)
     u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, keep_ptr, slot_ptr,  # inputs
     gy_ptr, glast_ptr, enter_ptr,  # inputs of the backward
     scratch_ptr,  # (programs, T+1, BD, BN) work space
