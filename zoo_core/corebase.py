@@ -14,7 +14,7 @@ From that declaration the machinery does, for every constructor call (spec or di
    one message style for every core: ``CoreArgumentError`` naming the core and the argument);
 2. runs the core's own ``__init__`` (parameters are drawn there, in the core's order);
 3. **resolves the backend** from the ``backend`` argument for the device the core is built on,
-   and **binds** the result once: ``self.ops.kernel`` / ``.conv`` / ``.scan`` /
+   and **binds** the result: ``self.ops.kernel`` / ``.conv`` / ``.scan`` /
    ``.selective_scan`` are the chosen implementations with the problem's structure already bound
    (typed by the op Protocols of ``zoo_core.protocols``), and ``self.run_path`` is the method
    marked ``@runs_path(name)`` for the chosen path. ``forward`` never tests a path name. Moving
