@@ -240,7 +240,7 @@ def results_table(task: Task, by: dict[str, list[Config]], published: list[dict[
             n = len(c.picks)
             partial = f", partial: {n} of {want} seeds" if want and n < want else ""
             cells.append(f"{pct(c.values())} ({n}{partial})")
-        epochs = [t for c in done for r in c.picks for t in r.get("epoch_time_s") or []]
+        epochs = [t for c in done for r in c.picks if on_cpu(r) for t in r.get("epoch_time_s") or []]  # this machine's clock
         per_epoch = f"{statistics.median(epochs):.1f}" if epochs else "—"
         out.append(f"| {spec} | " + " | ".join(cells) + f" | {done[0].picks[0]['params']:,} | {per_epoch} | {pub} |")
     return out
@@ -330,10 +330,15 @@ def axis_table(task: Task, by: dict[str, list[Config]]) -> list[str]:
     return out
 
 
+def on_cpu(row: dict[str, Any]) -> bool:
+    """Whether a cell ran on a CPU (one thread here). A seed run on a GPU (benchmarks/tasks/device_sweep.sh;
+    its row says "device": "cuda:0") counts in the accuracy, not in the clock columns and plots."""
+    return str(row.get("device", "cpu")).startswith("cpu")
+
+
 def cpu_walls(c: Config) -> list[float]:
-    """The seeds' walls that ran on this kind of machine (one CPU thread): a seed run on a GPU
-    (benchmarks/tasks/device_sweep.sh; its row says "device": "cuda:0") is in the accuracy, not the clock."""
-    return [w for w, pick in zip(c.walls, c.picks, strict=True) if str(pick.get("device", "cpu")).startswith("cpu")]
+    """The seeds' walls that ran on a CPU (``on_cpu``)."""
+    return [w for w, pick in zip(c.walls, c.picks, strict=True) if on_cpu(pick)]
 
 
 def plots(task: Task, by: dict[str, list[Config]], plot_dir: Path) -> list[Path]:
