@@ -421,7 +421,8 @@ def render(tasks: list[Task], published: list[dict[str, Any]], *, reading_dir: P
         "quarter of the cost per step of length 256, so ~4,000 updates fit a cell; at length 256 and ~1,250 "
         "updates every core but RG-LRU stayed at chance). The table gives the test token accuracy over the scored positions (ListOps, sMNIST, psMNIST, Pathfinder: label accuracy), mean ± sample std over "
         "the seeds (the count in brackets), the parameter count, and the median seconds per epoch (one thread of a "
-        "shared two-core CPU, several runs at a time: a rough cost, not a speed benchmark). Published figures come "
+        "shared two-core CPU, several runs at a time: a rough cost, not a speed benchmark; seeds run on a GPU count in "
+        "the accuracy only). Published figures come "
         "from `benchmarks/tasks/published.yaml` (each with its source; `benchmarks/tasks/PUBLISHED.md` is the "
         "digest); they are at the papers' scale, listed in each section, which is much larger than ours.",
         "",
