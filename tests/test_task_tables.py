@@ -248,12 +248,15 @@ def test_rows_run_elsewhere_are_merged_by_key_and_never_replace_a_local_row(tmp_
         return {"key": key, "status": status, "config_hash": h, "metric": "accuracy", "test": {"accuracy": acc}, "device": "cuda:0"}
 
     local, returned = tmp_path / "local.jsonl", tmp_path / "returned.jsonl"
-    local.write_text(json.dumps(row("s4/P/seed-0", acc=0.9)) + "\n")
+    local.write_text(json.dumps(row("s4/P/seed-0", acc=0.9)) + "\n" + '{"key": "cut sh')  # a killed writer's half line
     returned.write_text("".join(json.dumps(r) + "\n" for r in [row("s4/P/seed-0", h="b"), row("s4/P/seed-1"),
                                                                 row("s5/P/seed-1", status="failed")]))
     assert mr.main([str(returned), str(local)]) == 0
-    rows = [json.loads(line) for line in local.read_text().splitlines()]
+    from zoo_core.sweep.results import read_rows
+
+    rows = read_rows(local)  # the half line skipped, and ended: the appended rows start on lines of their own
+    assert '"cut sh\n{' in local.read_text()
     assert [(r["key"], r["test"]["accuracy"]) for r in rows] == [("s4/P/seed-0", 0.9), ("s4/P/seed-1", 0.5)]
     out = capsys.readouterr().out
     assert "kept the local s4/P/seed-0: the returned one ran other settings (b)" in out and "1 cell(s) added" in out
-    assert mr.main([str(returned), str(local)]) == 0 and len(local.read_text().splitlines()) == 2  # idempotent
+    assert mr.main([str(returned), str(local)]) == 0 and len(read_rows(local)) == 2  # idempotent

@@ -28,8 +28,8 @@ $PY -m pip install -q --no-deps --no-build-isolation --disable-pip-version-check
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 timeout -k 15 "$secs" $PY -m zoo_core.cli sweep --workers "$workers" --plain "$sweep" "${only[@]}"
 echo "sweep exit: $? (124: stopped at the deadline)"
-results=$($PY -c "import sys, pathlib, yaml; p = pathlib.Path(sys.argv[1]); print((p.parent / yaml.safe_load(p.read_text())['results']).resolve())" "$sweep")
-runs=$($PY -c "import sys, pathlib, yaml; p = pathlib.Path(sys.argv[1]); print((p.parent / yaml.safe_load(p.read_text())['output']).resolve())" "$sweep")
+# the sweep's own paths (its defaults included): results JSONL, then the run folders
+{ read -r results; read -r runs; } < <($PY -c "import sys; from zoo_core.sweep import load_sweep; s = load_sweep(sys.argv[1]); print(s.results); print(s.output)" "$sweep")
 [ -f "$results" ] && cp "$results" "$out/results.jsonl"
 [ -d "$runs" ] && (cd "$runs" && find . -name log.txt | tar czf "$out/logs.tgz" -T -)
 ls -la "$out"

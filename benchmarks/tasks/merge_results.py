@@ -8,12 +8,9 @@ appended, as it is; cells LOCAL already holds are kept and reported when the two
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-
-def read(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+from zoo_core.sweep.results import append, latest, read_rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,9 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("returned", type=Path)
     p.add_argument("local", type=Path)
     a = p.parse_args(argv)
-    have = {r["key"]: r for r in read(a.local) if r.get("status") == "ok"}
+    have = {k: r for k, r in latest(a.local).items() if r.get("status") == "ok"}
     new = []
-    for r in read(a.returned):
+    for r in read_rows(a.returned):
         if r.get("status") != "ok":
             continue
         if r["key"] in have:
@@ -32,9 +29,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         new.append(r)
         have[r["key"]] = r
-    with a.local.open("a") as f:  # one write: safe beside a sweep appending its own cells
-        f.write("".join(json.dumps(r) + "\n" for r in new))
-    for r in new:
+    for r in new:  # the sweep's own append: fsynced, and mends a line a killed writer left unfinished
+        append(a.local, r)
         print(f"added {r['key']}: test {r.get('metric')} {r['test'].get(r.get('metric'))} on {r.get('device')} ({r.get('host')})")
     print(f"{len(new)} cell(s) added to {a.local}")
     return 0
