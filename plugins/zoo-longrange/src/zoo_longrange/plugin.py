@@ -38,7 +38,7 @@ def zoo_register_datasets(register: RegisterSimple) -> None:
                  params={"sizes": sizes, "seed": 0, "min_length": lo, "max_length": hi, "max_depth": 10, "max_args": 10})
     for cl in PATHFINDER_DIFFICULTIES:
         _pathfinder(register, f"Pathfinder32-{cl}", cl, PATHFINDER_CPU_SIZES, "CPU size")
-    _pathfinder(register, "Pathfinder32-14-LRA", 14, PATHFINDER_LRA_SIZES, "LRA's size; hours to generate on one core, cached")
+    _pathfinder(register, "Pathfinder32-14-LRA", 14, PATHFINDER_LRA_SIZES, "LRA's size; about an hour to generate on one core, cached")
     register("sMNIST", "zoo_longrange.mnist:load", description="sequential MNIST: 784 pixels in row order, one a step",
              task="classification", channels=1, classes=10, length=784, sizes={"train": 50000, "val": 10000, "test": 10000},
              params={"permute": False}, **_MNIST)
