@@ -163,3 +163,33 @@ def test_a_failed_cells_error_is_its_exception_line_even_when_a_long_message_fol
     log.write_text("Pathfinder32-6: seed 1\nzoo: error: spec.yaml: training.lr must be > 0\n")  # zoo train's one-line error: the last line
     assert _error(log, 2).splitlines()[0] == "exit code 2: zoo: error: spec.yaml: training.lr must be > 0"
     assert _error(tmp_path / "missing.txt", -9) == "killed by signal SIGKILL"
+
+
+def test_a_plot_of_twelve_series_draws_each_in_its_own_style(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tab10 alone repeats after ten lines (the task tables have twelve cores): each series keeps a
+    colour-and-marker pair of its own, and a few x settings are labelled with their values."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.axes import Axes
+
+    from zoo_core.sweep.report import plot_points
+
+    styles: list[tuple[tuple[float, ...], str]] = []
+    ticks: list[list[float]] = []
+    real_errorbar, real_set_xticks = Axes.errorbar, Axes.set_xticks
+
+    def errorbar(self: Axes, *args: object, **kw: object) -> object:
+        styles.append((tuple(kw["color"]), str(kw["marker"])))  # type: ignore[arg-type]
+        return real_errorbar(self, *args, **kw)  # type: ignore[arg-type]
+
+    def set_xticks(self: Axes, xs: list[float], *args: object, **kw: object) -> object:
+        ticks.append(list(xs))
+        return real_set_xticks(self, xs, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Axes, "errorbar", errorbar)
+    monkeypatch.setattr(Axes, "set_xticks", set_xticks)
+    series = {f"core{i:02d}": [(32.0, 0.1 * i, 0.0), (64.0, 0.1 * i, 0.01), (128.0, 0.1 * i, 0.0)] for i in range(12)}
+    out = plot_points(series, tmp_path / "p.png", xlabel="width", ylabel="accuracy", logx=True)
+    assert out is not None and out.is_file()
+    assert len(styles) == 12 and len(set(styles)) == 12
+    assert len({c for c, _ in styles}) == 12  # past ten series the colours come from tab20
+    assert ticks == [[32.0, 64.0, 128.0]]

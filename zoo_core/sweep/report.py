@@ -119,13 +119,23 @@ def plot_points(series: dict[str, list[Point]], path: Path, *, xlabel: str, ylab
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for name, pts in sorted(series.items()):
+    # tab10 repeats its colours after ten series (a twelve-core table had two blue and two orange
+    # lines): past ten take tab20's, and vary the marker too so a shared colour still tells apart
+    cmap = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")  # listed maps: cmap(k) is colour k
+    markers = "osD^vP*Xh<>p"
+    for i, (name, pts) in enumerate(sorted(series.items())):
         pts = sorted(pts)
-        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3, label=name)
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker=markers[i % len(markers)],
+                    color=cmap(i % cmap.N), capsize=3, label=name)
     if logx:
         ax.set_xscale("log")
+        xs = sorted({p[0] for pts in series.values() for p in pts})
+        if 0 < len(xs) <= 8:  # a few settings (widths, lengths): label them, not powers of ten
+            ax.set_xticks(xs, [f"{x:g}" for x in xs])
+            ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
