@@ -170,6 +170,18 @@ def _layout_lines(model: SequenceModel) -> list[str]:
     return lines
 
 
+def backend_labels(model: nn.Module) -> list[str]:
+    """What each kind of core in ``model`` runs, as bound now (after any move to a device): one line per
+    distinct choice, ``"<Core>: <path>: <op>=<backend> [<why>]"``, in module order. A training run records
+    it beside its times, so a slow epoch can be told from a slower kernel (a fallback) after the fact."""
+    seen: dict[str, None] = {}
+    for module in model.modules():
+        choice = getattr(module, "backend_choice", None)
+        if choice is not None and not isinstance(module, Bidirectional):  # its cores are listed themselves
+            seen[f"{type(module).__name__}: {choice.label()} [{choice.reason}]"] = None
+    return list(seen)
+
+
 def summary(model: SequenceModel) -> str:
     """Parameters per component, unique vs applied blocks, schedule, depth settings and backends."""
     spec = model.spec

@@ -55,6 +55,7 @@ def test_a_killed_sweep_resumes_and_ends_with_every_cell_once(local_run: dict[st
     assert 1 <= local_run["at_kill"] < 4, "the kill came after every cell had finished: nothing was resumed"
     assert sorted(r["key"] for r in rows) == sorted(c.key for c in sweep.cells)  # each once
     assert all(r["status"] == "ok" for r in rows), [r.get("error") for r in rows]
+    assert all(r["backends"] and r["backends"][0].startswith("LRU: ") for r in rows), rows[0].get("backends")  # what ran
     assert local_run["summary"].skipped == local_run["at_kill"]
     # the cell that was running when the sweep died was started twice (zoo train --resume in its folder)
     starts = {r["key"]: (sweep.output / r["run_dir"] / "log.txt").read_text().count("\n# ") for r in rows}

@@ -215,3 +215,13 @@ def test_lm_training_weighs_each_scored_token_alike():
 
     m = evaluate(Fixed(), {"X": torch.zeros(2, 6, dtype=torch.long), "y": y}, "lm", batch_size=2)
     assert m["loss"] == pytest.approx(float(token_mean), rel=1e-6)
+
+
+def test_a_run_records_the_backends_its_cores_ran(tmp_path, synth_registry):
+    """result.json (and so metrics.json and a sweep's row) names each core's bound path and ops with the
+    reason, as bound after the move to the run's device, so a slow epoch can be told from a fallback."""
+    m = train(_spec(tmp_path, epochs=1), output=tmp_path / "b", registry=synth_registry, progress=QUIET)
+    (line,) = m["seeds"][0]["runs"][0]["backends"]  # the two blocks' LRU cores bound the same
+    assert line.startswith("LRU: ") and "=" in line and line.endswith("]"), line
+    stored = json.loads((tmp_path / "b" / "seed-0" / "lr-0.01" / "result.json").read_text())
+    assert stored["backends"] == [line]

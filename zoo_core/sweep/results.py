@@ -72,7 +72,7 @@ def make_row(cell: Cell, pay: Payload, out: Outcome, output: Path) -> dict[str, 
         "best_epoch": seed["best_epoch"], "epochs_run": run.get("epochs_run", len(run["history"])),
         "params": m["params"], "train_wall_s": m["wall_time_s"], "epoch_time_s": [h["time_s"] for h in run["history"]],
         "model_dir": os.path.relpath(seed["model_dir"], output) if seed.get("model_dir") else None,
-        "device": m.get("device"), "threads": pay.threads,
+        "device": m.get("device"), "threads": pay.threads, "backends": run.get("backends"),
     })
     return row
 

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..build import backend_labels
 from ..datasets import SplitData
 from ..errors import ZooError
 from ..io.atomic import atomic_write_file
@@ -230,6 +231,8 @@ def fit(model: nn.Module, train: SplitData, val: SplitData, test: SplitData, ctx
         return json.loads(result_path.read_text(encoding="utf-8"))
     device = ctx.dist.device
     model.to(device)
+    for line in backend_labels(model):  # bound for this device: a fallback shows here, not only in the speed
+        ctx.progress.line(f"backend: {line}")
     metric = selection_metric(cfg.metric, task)
     tr, va, te = (to_tensors(s, device) for s in (train, val, test))
     eval_bs = cfg.eval_batch_size or cfg.batch_size
@@ -367,6 +370,7 @@ def _finish(model: nn.Module, state: dict[str, Any], va: dict[str, Tensor], te: 
         "val": evaluate(model, va, ctx.task, eval_bs),
         "test": evaluate(model, te, ctx.task, eval_bs),
         "epoch_time_s": {"mean": float(np.mean(times)) if times else None, "total": float(np.sum(times))},
+        "backends": backend_labels(model),
         "history": state["history"],
         "model_dir": str(ctx.directory / "best"),
     }
