@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -177,13 +178,13 @@ def test_a_plot_of_twelve_series_draws_each_in_its_own_style(tmp_path: Path, mon
     ticks: list[list[float]] = []
     real_errorbar, real_set_xticks = Axes.errorbar, Axes.set_xticks
 
-    def errorbar(self: Axes, *args: object, **kw: object) -> object:
-        styles.append((tuple(kw["color"]), str(kw["marker"])))  # type: ignore[arg-type]
-        return real_errorbar(self, *args, **kw)  # type: ignore[arg-type]
+    def errorbar(self: Axes, *args: Any, **kw: Any) -> Any:
+        styles.append((tuple(kw["color"]), str(kw["marker"])))
+        return real_errorbar(self, *args, **kw)
 
-    def set_xticks(self: Axes, xs: list[float], *args: object, **kw: object) -> object:
+    def set_xticks(self: Axes, xs: list[float], *args: Any, **kw: Any) -> Any:
         ticks.append(list(xs))
-        return real_set_xticks(self, xs, *args, **kw)  # type: ignore[arg-type]
+        return real_set_xticks(self, xs, *args, **kw)
 
     monkeypatch.setattr(Axes, "errorbar", errorbar)
     monkeypatch.setattr(Axes, "set_xticks", set_xticks)
