@@ -133,3 +133,12 @@ def test_refusals():
         load_spec(model_spec("lru", block={"bidirectional": {"combine": "max"}}))
     with pytest.raises(ValueError, match="s5-bidirectional.*not causal|S5Bidirectional is not causal"):
         build_model(model_spec("s5-bidirectional", block={"bidirectional": {}}), seed=0)
+
+
+def test_backend_labels_list_the_cores_not_the_bidirectional_wrapper():
+    """build.backend_labels (what a training run records): the wrapper delegates backend_choice to its
+    forward core, so it is not listed again; the cores of both directions bound the same choice."""
+    from zoo_core.build import backend_labels
+
+    labels = backend_labels(_model("lru"))
+    assert len(labels) == 1 and labels[0].startswith("LRU: "), labels
