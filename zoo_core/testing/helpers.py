@@ -13,6 +13,7 @@ installed core that streams, so a new plugin is tested the day it is installed.
 from __future__ import annotations
 
 import types
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -72,6 +73,24 @@ def unroll(model: Any, x: Tensor) -> list[Tensor]:
         y, state = model.step(x[:, t], state)
         outs.append(y)
     return outs
+
+
+def backward_ops(*outputs: Tensor) -> Counter[str]:
+    """How many of each autograd node (``"SelectBackward0"``, ``"BmmBackward0"`` …) the backward of
+    ``outputs`` runs. For a chunked scan's loop: a per-chunk slice ``t[:, n]`` adds a ``SelectBackward0``
+    per chunk, and each of those fills a zero tensor the size of ``t`` (quadratic in the number of
+    chunks), where ``t.unbind`` adds one node for all of them; compare the counts at two lengths."""
+    counts: Counter[str] = Counter()
+    seen: set[Any] = set()
+    todo = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        counts[type(node).__name__] += 1
+        todo.extend(n for n, _ in node.next_functions if n is not None)
+    return counts
 
 
 def inline_plugin(name: str, **hooks: Callable[..., Any]) -> types.SimpleNamespace:

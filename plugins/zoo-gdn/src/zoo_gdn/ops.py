@@ -165,11 +165,13 @@ def gated_delta_chunked_composed(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, 
         last = entry[..., -1, None, None]  # (B, h, N, 1, 1)
     S = q.new_zeros(B, H, K, V) if h0 is None else h0.to(dtype)  # (B, h, K, V)
     starts, us = [], []
-    for n in range(q.shape[2]):
-        u = Ut[:, :, n] - W[:, :, n] @ S  # (B, h, C, V)
+    # per chunk by unbind, not [:, :, n]: a slice's backward fills a full-size zero tensor per chunk, which
+    # made the loop quadratic in the number of chunks (on CPU at 25 chunks, 14% of a training step's time)
+    for Ut_n, W_n, last_n, kd_n in zip(*(t.unbind(2) for t in (Ut, W, last, kd)), strict=True):
+        u = Ut_n - W_n @ S  # (B, h, C, V)
         starts.append(S)
         us.append(u)
-        S = last[:, :, n] * S + kd[:, :, n].transpose(-1, -2) @ u  # (B, h, K, V)
+        S = last_n * S + kd_n.transpose(-1, -2) @ u  # (B, h, K, V)
     S0, U = torch.stack(starts, 2), torch.stack(us, 2)  # (B, h, N, K, V), (B, h, N, C, V)
     o = (q * (gam.exp() if entry is None else entry)[..., None]) @ S0 + M @ U  # (B, h, N, C, V)
     o = o.reshape(B, H, -1, V)[:, :, :L].transpose(1, 2)  # (B, L, h, V)
