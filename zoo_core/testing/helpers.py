@@ -12,8 +12,8 @@ installed core that streams, so a new plugin is tested the day it is installed.
 
 from __future__ import annotations
 
+import math
 import types
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -75,12 +75,12 @@ def unroll(model: Any, x: Tensor) -> list[Tensor]:
     return outs
 
 
-def backward_ops(*outputs: Tensor) -> Counter[str]:
-    """How many of each autograd node (``"SelectBackward0"``, ``"BmmBackward0"`` …) the backward of
-    ``outputs`` runs. For a chunked scan's loop: a per-chunk slice ``t[:, n]`` adds a ``SelectBackward0``
-    per chunk, and each of those fills a zero tensor the size of ``t`` (quadratic in the number of
-    chunks), where ``t.unbind`` adds one node for all of them; compare the counts at two lengths."""
-    counts: Counter[str] = Counter()
+def slice_backward_elements(*outputs: Tensor) -> int:
+    """How many elements the backward of ``outputs`` zero-fills for its slices: each ``t[:, n]`` or
+    ``t[:, a:b]`` node rebuilds a gradient the size of ``t``. In a loop over steps or chunks a slice per
+    iteration makes that quadratic in the length, where ``t.unbind`` makes one gradient for all of them;
+    a loop written that way stays linear (compare two lengths: at 4x the length ~4x the elements, not ~16x)."""
+    total = 0
     seen: set[Any] = set()
     todo = [t.grad_fn for t in outputs if t.grad_fn is not None]
     while todo:
@@ -88,9 +88,10 @@ def backward_ops(*outputs: Tensor) -> Counter[str]:
         if node in seen:
             continue
         seen.add(node)
-        counts[type(node).__name__] += 1
+        if type(node).__name__ in ("SelectBackward0", "SliceBackward0"):
+            total += math.prod(node._saved_self_sym_sizes)
         todo.extend(n for n, _ in node.next_functions if n is not None)
-    return counts
+    return total
 
 
 def inline_plugin(name: str, **hooks: Callable[..., Any]) -> types.SimpleNamespace:

@@ -71,10 +71,11 @@ def gated_delta_sequential(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Ten
         at_step = {int(t): torch.nonzero(steps == t)[:, 0] for t in torch.unique(steps).tolist()}
         parts: list[tuple[Tensor, Tensor]] = []
     outs = []
-    for t in range(L):
+    # steps by unbind, not q[:, t]: each slice's backward would fill a zero tensor the size of the sequence
+    for t, (q_t, k_t, v_t, beta_t, g_t) in enumerate(zip(*(x.unbind(1) for x in (q, k, v, beta, g)), strict=True)):
         if keep is not None:
             S = S * keep[:, t]
-        o_t, S = gated_delta_step(q[:, t], k[:, t], v[:, t], beta[:, t], g[:, t], S)
+        o_t, S = gated_delta_step(q_t, k_t, v_t, beta_t, g_t, S)
         outs.append(o_t)
         if ends is not None and t in at_step:
             parts.append((at_step[t], S[rows[at_step[t]]]))

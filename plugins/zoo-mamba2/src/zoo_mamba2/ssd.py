@@ -73,10 +73,11 @@ def ssd_sequential(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk
     h = x.new_zeros(Bt, Hh, P, B.shape[-1]) if h0 is None else h0.to(x.dtype)  # (Bt, Hh, P, N)
     keep = None if reset is None else (~reset).to(x.dtype)[..., None, None, None]  # (Bt, L, 1, 1, 1)
     ys, hs = [], []
-    for t in range(L):
+    # steps by unbind, not x[:, t]: each slice's backward would fill a zero tensor the size of the sequence
+    for t, (x_t, dt_t, B_t, C_t) in enumerate(zip(*(u.unbind(1) for u in (x, dt, B, C)), strict=True)):
         if keep is not None:
             h = h * keep[:, t]
-        y, h = ssd_step(x[:, t], dt[:, t], A, B[:, t], C[:, t], h)
+        y, h = ssd_step(x_t, dt_t, A, B_t, C_t, h)
         ys.append(y)
         if ends is not None:
             hs.append(h)

@@ -81,16 +81,19 @@ def trap_scan_sequential(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     prev = None if (x_prev is None or B_prev is None) else x_prev.to(ct)[..., None] * B_prev.to(ct)[..., None, :]
     keep = None if reset is None else (~reset).to(ct)[..., None, None, None]  # (Bt, L, 1, 1, 1)
     ys, hs = [], []
-    for t in range(L):
+    # steps by unbind, not x[:, t]: each slice's backward would fill a zero tensor the size of the sequence
+    betas = [None] * L if beta is None else beta.unbind(1)
+    steps = zip(*(u.unbind(1) for u in (x, B, C, alpha, gamma)), betas, strict=True)
+    for t, (x_t, B_t, C_t, alpha_t, gamma_t, beta_t) in enumerate(steps):
         if keep is not None:  # a fresh sequence: no state, no previous step
             h = h * keep[:, t]
             prev = None if prev is None else prev * keep[:, t]
-        bx = x[:, t, :, :, None] * B[:, t, :, None, :]  # (Bt, H, P, N)
-        h = alpha[:, t, :, None, None] * h + gamma[:, t, :, None, None] * bx
-        if beta is not None and prev is not None:
-            h = h + beta[:, t, :, None, None] * prev
+        bx = x_t[..., None] * B_t[:, :, None, :]  # (Bt, H, P, N)
+        h = alpha_t[..., None, None] * h + gamma_t[..., None, None] * bx
+        if beta_t is not None and prev is not None:
+            h = h + beta_t[..., None, None] * prev
         prev = bx
-        ys.append(torch.einsum("bhpn,bhn->bhp", h, C[:, t]))
+        ys.append(torch.einsum("bhpn,bhn->bhp", h, C_t))
         if ends is not None:
             hs.append(h)
     y = torch.stack(ys, 1) if ys else x.new_zeros(Bt, 0, H, P)
