@@ -10,6 +10,7 @@ import torch
 
 from zoo_core.init.hippo import dplr_legs
 from zoo_core.kernels.dplr import kernel_dplr_naive
+from zoo_core.testing.helpers import slice_backward_elements
 from zoo_s4.core import S4
 from zoo_s4.params import S4Params
 
@@ -103,3 +104,15 @@ def test_bad_params_are_refused(bad, match):
 def test_equal_dt_bounds_give_one_step_for_every_channel():
     layer = S4(d_model=5, d_state=4, dt_min=0.01, dt_max=0.01)
     torch.testing.assert_close(torch.exp(layer.log_dt), torch.full((5,), 0.01))
+
+
+def test_the_final_state_loop_does_not_slice_each_step():
+    """The final state is stepped through the input by ``unbind``: a slice per step would make the
+    backward zero-fill L tensors of the input's size (quadratic in L)."""
+    layer = S4(d_model=2, d_state=4, l_max=64, dtype=F64)
+    filled = {}
+    for L in (16, 64):
+        x = torch.randn(1, L, 2, dtype=F64, requires_grad=True)
+        y, state = layer.forward_with_state(x)
+        filled[L] = slice_backward_elements(y, state["h"])
+    assert filled[64] <= 6 * filled[16], filled  # 4x the length: ~4x if linear, ~16x with a slice per step

@@ -137,8 +137,8 @@ class S4(CoreBase, params=S4Params):
                 free.append(y_t)
             y = y + torch.stack(free, 1).to(y.dtype)
         h = h0 if h0 is not None else DPLRStep.init_state(mats, x.shape[0])
-        for t in range(L):  # the final state (for chunked streaming), O(N) per step
-            _, h = DPLRStep.step(mats, h, x[:, t])
+        for x_t in x.unbind(1):  # the final state (for chunked streaming), O(N) per step; unbind, not x[:, t]:
+            _, h = DPLRStep.step(mats, h, x_t)  # a slice per step would backpropagate L full-size zero tensors
         return y, h
 
     # streaming -------------------------------------------------------------------------
