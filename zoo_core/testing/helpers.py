@@ -89,7 +89,7 @@ def slice_backward_elements(*outputs: Tensor) -> int:
             continue
         seen.add(node)
         if type(node).__name__ in ("SelectBackward0", "SliceBackward0"):
-            total += math.prod(node._saved_self_sym_sizes)
+            total += math.prod(node._saved_self_sym_sizes)  # type: ignore[attr-defined]  # the sliced tensor's shape
         todo.extend(n for n, _ in node.next_functions if n is not None)
     return total
 

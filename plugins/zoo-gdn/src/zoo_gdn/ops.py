@@ -167,7 +167,7 @@ def gated_delta_chunked_composed(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, 
     S = q.new_zeros(B, H, K, V) if h0 is None else h0.to(dtype)  # (B, h, K, V)
     starts, us = [], []
     # per chunk by unbind, not [:, :, n]: a slice's backward fills a full-size zero tensor per chunk, which
-    # made the loop quadratic in the number of chunks (on CPU at 25 chunks, 14% of a training step's time)
+    # made the backward quadratic in the number of chunks (measured on CPU: 1.4x slower at 64, 5x at 256)
     for Ut_n, W_n, last_n, kd_n in zip(*(t.unbind(2) for t in (Ut, W, last, kd)), strict=True):
         u = Ut_n - W_n @ S  # (B, h, C, V)
         starts.append(S)

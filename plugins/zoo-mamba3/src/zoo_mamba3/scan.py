@@ -83,8 +83,8 @@ def trap_scan_sequential(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     ys, hs = [], []
     # steps by unbind, not x[:, t]: each slice's backward would fill a zero tensor the size of the sequence
     betas = [None] * L if beta is None else beta.unbind(1)
-    steps = zip(*(u.unbind(1) for u in (x, B, C, alpha, gamma)), betas, strict=True)
-    for t, (x_t, B_t, C_t, alpha_t, gamma_t, beta_t) in enumerate(steps):
+    per_step = zip(*(u.unbind(1) for u in (x, B, C, alpha, gamma)), betas, strict=True)
+    for t, (x_t, B_t, C_t, alpha_t, gamma_t, beta_t) in enumerate(per_step):
         if keep is not None:  # a fresh sequence: no state, no previous step
             h = h * keep[:, t]
             prev = None if prev is None else prev * keep[:, t]
