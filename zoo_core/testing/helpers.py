@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from torch import Tensor
@@ -92,6 +92,16 @@ def slice_backward_elements(*outputs: Tensor) -> int:
             total += math.prod(node._saved_self_sym_sizes)  # type: ignore[attr-defined]  # the sliced tensor's shape
         todo.extend(n for n, _ in node.next_functions if n is not None)
     return total
+
+
+def assert_slice_backward_linear(outputs_at: Callable[[int], Sequence[Tensor]], length: int) -> None:
+    """Fail if a loop's backward zero-fills slices quadratically: ``outputs_at(n)`` runs the loop at length
+    ``n`` and returns the outputs to backpropagate; at 4x ``length`` a loop by ``unbind`` fills ~4x the
+    elements (:func:`slice_backward_elements`), a slice per piece ~16x, and more than 6x fails."""
+    short, long = (slice_backward_elements(*outputs_at(n)) for n in (length, 4 * length))
+    assert long <= 6 * short, (
+        f"the backward zero-fills {long:,} elements for its slices at length {4 * length} against {short:,} at "
+        f"{length} ({long / max(short, 1):.1f}x for 4x the length): take the loop's pieces by unbind, not a slice each")
 
 
 def inline_plugin(name: str, **hooks: Callable[..., Any]) -> types.SimpleNamespace:
