@@ -21,9 +21,12 @@ from typing import Any
 import numpy as np
 import torch
 
-JV_TAGS = ["s4d-small.japanesevowels", "s5-small.japanesevowels", "lru-small.japanesevowels", "linoss-small.japanesevowels",
-           "lrcssm-small.japanesevowels", "mamba-small.japanesevowels", "mamba2-small.japanesevowels",
-           "gdn-small.japanesevowels", "attention-small.japanesevowels"]
+
+def jv_tags() -> list[str]:
+    """Every catalogued JapaneseVowels tag (``registry.yaml``), so a new one is measured the day it lands."""
+    from zoo_core.hub.catalogue import load_catalogue
+
+    return [e.name for e in load_catalogue().filter("*.japanesevowels")]
 
 
 def _stream_predictions(path: Path, names: list[str], start: list[np.ndarray], data: dict[str, torch.Tensor]) -> np.ndarray:
@@ -72,8 +75,9 @@ def measure(tag: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("tags", nargs="*", default=JV_TAGS)
+    parser.add_argument("tags", nargs="*", help="tags to measure (default: every JapaneseVowels tag)")
     args = parser.parse_args()
+    args.tags = args.tags or jv_tags()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)
