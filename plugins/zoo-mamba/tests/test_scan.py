@@ -149,7 +149,7 @@ _PEAK = textwrap.dedent("""
         for line in open("/proc/self/status"):
             if line.startswith("VmHWM"):
                 return int(line.split()[1]) * 1024
-    Bt, L, Di, N = 1, 2048, 64, 128
+    Bt, L, Di, N = 1, int(sys.argv[2]), 64, 128
     g = torch.Generator().manual_seed(0)
     u = torch.randn(Bt, L, Di, generator=g, requires_grad=True)
     d = (torch.rand(Bt, L, Di, generator=g) * 0.1).requires_grad_()
@@ -170,16 +170,25 @@ _PEAK = textwrap.dedent("""
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc peak-RSS reset")
 def test_chunked_never_holds_a_full_BLDN_tensor():
-    """Forward + backward at B·L·Di·N = 16.8M floats (64 MiB): the chunked backend's peak memory stays
-    under a quarter of one such tensor; the naive loop (autograd keeps every step) needs several."""
-    full = 1 * 2048 * 64 * 128 * 4
-    peaks = {}
-    for fn in ("selective_scan_chunked", "selective_scan_naive"):
-        res = subprocess.run([sys.executable, "-c", _PEAK, fn], capture_output=True, text=True, timeout=120)
+    """Forward + backward: the chunked backend's peak memory does not grow with B·L·Di·N. At L = 8192
+    (B·L·Di·N = 67M floats, 256 MiB) it stays under a quarter of one such tensor: its (T, B, Di, N)
+    chunk buffers are fixed in L and only the O(B·L·(Di + N)) inputs' gradients grow. The naive loop
+    (autograd keeps every step) needs several full tensors at L = 2048, which shows the measurement
+    sees one. Peak RSS wanders by a few MiB with the allocator (13-17 MiB for chunked at L = 2048 over
+    repeated runs), so the bound is set where that noise is small beside it."""
+    def peak(fn: str, L: int) -> int:
+        res = subprocess.run([sys.executable, "-c", _PEAK, fn, str(L)], capture_output=True, text=True,
+                             timeout=300)
         assert res.returncode == 0, res.stderr
-        peaks[fn] = int(res.stdout.split()[-1])
-    assert peaks["selective_scan_chunked"] < full / 4, peaks
-    assert peaks["selective_scan_naive"] > full, peaks  # the measurement can see a full tensor
+        return int(res.stdout.split()[-1])
+
+    def full(L: int) -> int:
+        return 1 * L * 64 * 128 * 4
+
+    chunked = peak("selective_scan_chunked", 8192)
+    assert chunked < full(8192) / 4, (chunked, full(8192))
+    naive = peak("selective_scan_naive", 2048)
+    assert naive > full(2048), (naive, full(2048))  # the measurement can see a full tensor
 
 
 # backend choice -------------------------------------------------------------------------------
