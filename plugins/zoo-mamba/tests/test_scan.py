@@ -170,12 +170,13 @@ _PEAK = textwrap.dedent("""
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc peak-RSS reset")
 def test_chunked_never_holds_a_full_BLDN_tensor():
-    """Forward + backward: the chunked backend's peak memory does not grow with B·L·Di·N. At L = 8192
+    """Forward + backward: the chunked backend never holds a whole B·L·Di·N tensor. At L = 8192
     (B·L·Di·N = 67M floats, 256 MiB) it stays under a quarter of one such tensor: its (T, B, Di, N)
     chunk buffers are fixed in L and only the O(B·L·(Di + N)) inputs' gradients grow. The naive loop
     (autograd keeps every step) needs several full tensors at L = 2048, which shows the measurement
-    sees one. Peak RSS wanders by a few MiB with the allocator (13-17 MiB for chunked at L = 2048 over
-    repeated runs), so the bound is set where that noise is small beside it."""
+    sees one. Peak RSS wanders by a few MiB with the allocator (12-17 MiB for chunked at L = 2048 over
+    repeated runs here and on CI, against a 16 MiB quarter), so the bound is set at L = 8192, where the
+    same noise is small beside it (about 40 MiB used of 64)."""
     def peak(fn: str, L: int) -> int:
         res = subprocess.run([sys.executable, "-c", _PEAK, fn, str(L)], capture_output=True, text=True,
                              timeout=300)
