@@ -54,7 +54,7 @@ def test_a_rerun_skips_finished_cells_and_retries_failed_or_incomplete_ones(tmp_
         f.write('{"key": "tiny/Basic')  # a line cut short by a kill
     log = io.StringIO()
     summary = run_sweep(sweep, workers=2, progress=Progress(log, bar=False))
-    assert "3 to run (1 of them have a results row but no finished run folder here: trained again)" in log.getvalue()
+    assert "3 to run (1 of them have a results row but no finished run folder here: trained again; --missing" in log.getvalue()
     assert summary.skipped == 3 and sorted(r["key"] for r in summary.rows) == [
         "tiny/BasicMotions/seed-1/lr-0.1", "tiny/BasicMotions/seed-1/lr-0.5", "tiny/BasicMotions/seed-2/lr-0.5"]
     starts = _starts(sweep.output)
@@ -63,6 +63,31 @@ def test_a_rerun_skips_finished_cells_and_retries_failed_or_incomplete_ones(tmp_
     assert len(rows) == 6 + 3 and len(latest(sweep.results)) == 6  # the cut line skipped; the next one on its own line
     append(sweep.results, {"key": "x"})
     assert read_rows(sweep.results)[-1] == {"key": "x"}
+
+
+def test_missing_trusts_the_results_file_on_a_fresh_clone_and_still_retries_failed_cells(
+        tmp_path: Path, fake_train: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A fresh clone has the committed results.jsonl but not the ignored run folders: by default every
+    finished cell trains again (said so); with --missing only the cells without an ok row run."""
+    import shutil
+
+    path = write_sweep(tmp_path, {"output": "out", "seeds": [1, 2], "lrs": [0.1, 0.5]})
+    sweep = load_sweep(path, validate=False)
+    run_sweep(sweep, workers=2, progress=Progress(quiet=True))  # lr 0.1 ok, lr 0.5 failed
+    shutil.rmtree(sweep.output / "tiny")
+    assert zoo(["sweep", str(path), "--missing", "--list"]) == 0
+    listed = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == ["tiny/BasicMotions/seed-1/lr-0.5", "tiny/BasicMotions/seed-2/lr-0.5"]
+    log = io.StringIO()
+    summary = run_sweep(sweep, workers=2, progress=Progress(log, bar=False), missing=True)
+    assert "4 cells, 2 finished before, 2 to run (2 local worker(s))" in log.getvalue()
+    assert summary.skipped == 2 and sorted(r["key"] for r in summary.rows) == listed
+    assert set(_starts(sweep.output)) == {"tiny/BasicMotions/seed-1/lr-0.5", "tiny/BasicMotions/seed-2/lr-0.5"}
+    log = io.StringIO()
+    run_sweep(sweep, workers=2, only=lambda c: c.lr == 0.1, progress=Progress(log, bar=False))  # the default: trained again
+    assert "2 to run (2 of them have a results row but no finished run folder here: trained again; --missing would skip them)" \
+        in log.getvalue()
+    assert _starts(sweep.output)["tiny/BasicMotions/seed-1/lr-0.1"] == 1
 
 
 def test_a_finished_cell_with_other_settings_is_an_error_naming_the_way_out(tmp_path: Path, fake_train: Path) -> None:

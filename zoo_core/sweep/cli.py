@@ -12,7 +12,7 @@ from ..train.progress import Progress
 from .config import Cell, load_sweep
 from .execute import command, payload
 from .report import render_report
-from .runner import run_sweep
+from .runner import run_sweep, split_done
 
 
 def _positive(text: str) -> int:
@@ -51,10 +51,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return not args.only or any(fnmatch.fnmatch(cell.key, pat) for pat in args.only)
 
     if args.list:
-        for cell in filter(only, sweep.cells):
+        listed = [c for c in sweep.cells if only(c)]
+        if args.missing:
+            listed = split_done(sweep, listed, missing=True)[0]
+        for cell in listed:
             print(f"{cell.key}\t{command(payload(sweep, cell))}")
         return 0
-    summary = run_sweep(sweep, workers=args.workers, ray=args.ray, only=only,
+    summary = run_sweep(sweep, workers=args.workers, ray=args.ray, only=only, missing=args.missing,
                         progress=Progress(quiet=args.quiet, bar=False if args.plain else None))
     failed = summary.failed
     print(f"{sweep.name}: {summary.total} cells: {summary.skipped} finished before, {len(summary.rows) - len(failed)} "
@@ -77,7 +80,11 @@ def register_cli(sub: Any) -> None:
     s.add_argument("--ray", metavar="ADDRESS", help="one Ray task per cell: 'auto' starts a local cluster "
                    "(--workers × num_cpus CPUs), or a running cluster's address (needs zoo-core[sweep-ray])")
     s.add_argument("--only", action="append", metavar="GLOB", help="only the cells whose key matches (repeatable)")
-    s.add_argument("--list", action="store_true", help="print every cell's key and zoo train command, run nothing")
+    s.add_argument("--missing", action="store_true",
+                   help="only the cells results.jsonl has no finished row for, whether or not their run folders are here "
+                   "(on a fresh clone: add new cells without training the committed ones again)")
+    s.add_argument("--list", action="store_true",
+                   help="print every cell's key and zoo train command (with --missing: those it would run), run nothing")
     s.add_argument("--report", action="store_true", help="render report.md and PNG plots from results.jsonl")
     s.add_argument("--report-dir", help="where --report writes (default: <output>/report)")
     s.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")

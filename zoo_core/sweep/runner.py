@@ -50,8 +50,10 @@ def default_workers(sweep: Sweep) -> int:
     return max(1, int(machine_cpus() // max(sweep.resources.num_cpus, 1)))
 
 
-def split_done(sweep: Sweep, cells: list[Cell]) -> tuple[list[Cell], list[Cell]]:
-    """(to run, finished). A finished row made with other settings is an error naming the way out."""
+def split_done(sweep: Sweep, cells: list[Cell], *, missing: bool = False) -> tuple[list[Cell], list[Cell]]:
+    """(to run, finished). A cell is finished when its latest row is ok and its run folder is complete, or, with
+    ``missing``, on the row alone (a fresh clone holds the committed results but not the ignored run folders). A
+    finished row made with other settings is an error naming the way out."""
     rows = latest(sweep.results)
     todo: list[Cell] = []
     done: list[Cell] = []
@@ -61,7 +63,7 @@ def split_done(sweep: Sweep, cells: list[Cell]) -> tuple[list[Cell], list[Cell]]
             raise ZooError(f"cell {c.key} finished earlier with other settings (the sweep file changed since: config "
                            f"{row.get('config_hash')} there, {c.config_hash} now); to train it again, delete its folder "
                            f"{run_dir(sweep, c)} and its line in {sweep.results}, or choose another output folder (-o)")
-        ok = row is not None and row.get("status") == "ok" and finished_on_disk(run_dir(sweep, c))
+        ok = row is not None and row.get("status") == "ok" and (missing or finished_on_disk(run_dir(sweep, c)))
         (done if ok else todo).append(c)
     return todo, done
 
@@ -134,18 +136,20 @@ Record = Callable[[Cell, Payload, Outcome], None]
 
 
 def run_sweep(sweep: Sweep, *, workers: int | None = None, ray: str | None = None, only: Callable[[Cell], bool] | None = None,
-              progress: Progress | None = None) -> Summary:
-    """Run every unfinished cell (those ``only`` keeps); returns the rows written by this call."""
+              progress: Progress | None = None, missing: bool = False) -> Summary:
+    """Run every unfinished cell (those ``only`` keeps; with ``missing``, only those without an ok results row);
+    returns the rows written by this call."""
     cells = [c for c in sweep.cells if only is None or only(c)]
     progress = progress or Progress()
     with folder_lock(sweep.output):
-        todo, done = split_done(sweep, cells)
+        todo, done = split_done(sweep, cells, missing=missing)
         summary = Summary(total=len(cells), skipped=len(done))
         slots = workers or default_workers(sweep)
         rows = latest(sweep.results)
         # a fresh clone has the committed results but not the (ignored) run folders: say why those train again
         orphans = sum(1 for c in todo if (rows.get(c.key) or {}).get("status") == "ok")
-        again = f" ({orphans} of them have a results row but no finished run folder here: trained again)" if orphans else ""
+        again = (f" ({orphans} of them have a results row but no finished run folder here: trained again; "
+                 "--missing would skip them)") if orphans else ""
         progress.line(f"{sweep.name}: {len(cells)} cells, {len(done)} finished before, {len(todo)} to run{again} "
                       f"({'Ray ' + ray if ray else f'{slots} local worker(s)'}); results: {sweep.results}")
         if not todo:
