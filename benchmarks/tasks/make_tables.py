@@ -434,6 +434,9 @@ def render(tasks: list[Task], published: list[dict[str, Any]], *, reading_dir: P
         "python -m benchmarks.tasks.make_tables                          # this file and benchmarks/tasks/plots/",
         "```",
         "",
+        "A clone has the results files but not the run folders, so the first command trains every cell again; "
+        "`zoo sweep benchmarks/tasks/sweeps/X.yaml --missing` runs only the cells its results file lacks.",
+        "",
         f"**Status** (the newest result line is from {_stamp(every)}):",
         "",
     ]
