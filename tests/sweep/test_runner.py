@@ -41,6 +41,7 @@ def test_cells_run_on_workers_and_a_failed_cell_is_recorded_without_stopping_the
     assert ok["command"].startswith("OMP_NUM_THREADS=1 zoo train ") and ok["command"].endswith("--resume --device auto")
     assert ok["run_dir"] == "tiny/BasicMotions/seed-2/lr-0.2" and (sweep.output / ok["run_dir"] / "spec.yaml").is_file()
     assert ok["wall_s"] > 0 and ok["epoch_time_s"] == [0.01] and ok["config_hash"] == sweep.cells[-1].config_hash
+    assert ok["cell_wall_s"] == pytest.approx(ok["wall_s"] + 2.5, abs=2e-3)  # the fake's seed 2 "resumed" after 2.5 s
     text = log.getvalue()
     assert "6 cells, 0 finished before, 6 to run (2 local worker(s))" in text
     assert "[6/6: 4 done, 0 running, 2 failed, ETA" in text and "FAILED: exit code 2" in text
@@ -157,6 +158,28 @@ def test_report_keeps_only_the_sweeps_current_cells_and_never_mixes_metrics(tmp_
     assert "1 row(s) of cells no longer in the sweep" in text
     assert "| a | 90.00 ± 0.00 | 1 | 0.2 |" in text and "11.00" not in text
     assert "D (loss)" in text and "250.00" not in text and "2.5000 ± 0.0000" in text
+
+
+def test_a_cells_wall_clock_counts_the_invocations_before_its_resume(tmp_path):
+    """The report's wall-clock is ``cell_wall_s``; a row written before it existed, whose last
+    invocation resumed a checkpoint, falls back to its training epochs' sum where that is larger."""
+    import json
+
+    from zoo_core.sweep.report import cell_wall, render_report
+
+    base = {"status": "ok", "dataset": "D", "lr": 0.1, "axes": {}, "config_hash": "h", "metric": "accuracy",
+            "val": {"accuracy": 0.5}, "test": {"accuracy": 0.5}, "params": 10}
+    rows = [{**base, "key": "new/D/seed-0/lr-0.1", "spec": "new", "seed": 0, "wall_s": 10.0, "cell_wall_s": 70.0,
+             "epoch_time_s": [20.0, 20.0, 20.0]},
+            {**base, "key": "old/D/seed-0/lr-0.1", "spec": "old", "seed": 0, "wall_s": 66.0, "epoch_time_s": [20.0, 20.0, 20.0]},
+            {**base, "key": "old/D/seed-1/lr-0.1", "spec": "old", "seed": 1, "wall_s": 25.0, "epoch_time_s": [20.0, 20.0, 20.0]}]
+    assert [cell_wall(r) for r in rows] == [70.0, 66.0, 60.0]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md, _ = render_report(results, tmp_path / "rep", title="t", keep={r["key"]: "h" for r in rows})
+    text = md.read_text()
+    assert "| new | 50.00 ± 0.00 | 1 | 0.1 | 10 | 70 | 20.00 |" in text
+    assert "| old | 50.00 ± 0.00 | 2 | 0.1 | 10 | 63 | 20.00 |" in text  # mean of 66 and 60, not of 66 and 25
 
 
 def test_a_dataset_name_cannot_name_a_folder_outside_the_output(tmp_path):

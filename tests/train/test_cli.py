@@ -70,3 +70,16 @@ def test_train_then_eval_with_adaptive_depth(tmp_path, capsys):
     ad = shown["adaptive"]
     assert 1 <= ad["min_depth"] <= ad["mean_depth"] <= ad["max_depth"] <= 4 and ad["flops_ratio"] > 0
     assert json.loads(open(shown["written_to"]).read())["adaptive"] == ad
+
+
+def test_summary_line_of_a_resumed_run_gives_its_wall_in_all(capsys):
+    from zoo_core.cli.train import _print_summary
+
+    t = {"mean": 0.5, "std": 0.0, "values": [0.5]}
+    metrics = {"metric": "accuracy", "seeds": [{"seed": 0, "lr": 0.01, "best_epoch": 1, "val": {"accuracy": 0.5},
+                                                "test": {"accuracy": 0.5}}],
+               "summary": {"test_accuracy": t}, "dataset": {"name": "D"}, "params": 10, "wall_time_s": 12.0}
+    _print_summary({**metrics, "earlier_wall_s": 30.0}, "out")
+    _print_summary(metrics, "out")
+    resumed, fresh = [line for line in capsys.readouterr().out.splitlines() if line.startswith("D:")]
+    assert resumed.endswith("10 parameters; 12.0 s here, 42.0 s in all") and fresh.endswith("10 parameters; 12.0 s")

@@ -57,6 +57,41 @@ def test_resume_after_interruption_is_bit_for_bit(tmp_path, synth_registry):
     assert resumed["seeds"][0]["test"] == full["seeds"][0]["test"]
 
 
+@pytest.mark.parametrize("legacy", [False, True])
+def test_resumed_run_keeps_the_wall_clock_of_its_earlier_invocations(tmp_path, synth_registry, legacy):
+    """A resumed run's wall counts the epochs run before the resume: the checkpoint carries it (one
+    written before zoo-core kept it falls back to its epochs' sum), metrics.json says which part was
+    earlier, and a finished run read back counts wholly as earlier."""
+    spec = _spec(tmp_path)
+
+    def stop_after_two(epoch, record):
+        if epoch == 2:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        train(spec, output=tmp_path / "cut", registry=synth_registry, progress=QUIET, on_epoch_end=stop_after_two)
+    trial = tmp_path / "cut" / "seed-0" / "lr-0.01"
+    record = json.loads((trial / "checkpoint" / "trainer.json").read_text())
+    if legacy:
+        del record["trainer"]["wall_s"]
+        (trial / "checkpoint" / "trainer.json").write_text(json.dumps(record))
+        before = sum(h["time_s"] for h in record["trainer"]["history"])
+    else:
+        before = record["trainer"]["wall_s"]
+        assert before >= sum(h["time_s"] for h in record["trainer"]["history"]) > 0
+    resumed = train(spec, output=tmp_path / "cut", registry=synth_registry, progress=QUIET, resume=True)
+    run = resumed["seeds"][0]["runs"][0]
+    assert resumed["earlier_wall_s"] == run["earlier_wall_s"] == before
+    stored = json.loads((trial / "result.json").read_text())
+    assert "earlier_wall_s" not in stored and stored["wall_s"] == run["wall_s"]
+    assert run["wall_s"] >= before + sum(h["time_s"] for h in run["history"][2:])  # epochs 3 and 4 ran here
+    assert run["wall_s"] - before <= resumed["wall_time_s"]
+    again = train(spec, output=tmp_path / "cut", registry=synth_registry, progress=QUIET, resume=True)
+    assert again["earlier_wall_s"] == run["wall_s"]
+    fresh = train(spec, output=tmp_path / "fresh", registry=synth_registry, progress=QUIET)
+    assert fresh["earlier_wall_s"] == 0.0 and fresh["seeds"][0]["runs"][0]["wall_s"] <= fresh["wall_time_s"]
+
+
 def test_resume_refuses_changed_settings(tmp_path, synth_registry):
     train(_spec(tmp_path, epochs=1), output=tmp_path / "r", registry=synth_registry, progress=QUIET)
     with pytest.raises(ZooError, match="different settings"):

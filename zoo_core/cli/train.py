@@ -67,8 +67,10 @@ def _print_summary(metrics: dict[str, Any], output: str) -> None:
     for s in metrics["seeds"]:
         print(f"seed {s['seed']}: lr {s['lr']:g}, best epoch {s['best_epoch']}, val {m} {s['val'][m]:.4f}, test {m} {s['test'][m]:.4f}")
     t = metrics["summary"][f"test_{m}"]
+    earlier = metrics.get("earlier_wall_s") or 0.0  # a resumed run: its epochs before this invocation
+    took = f"{metrics['wall_time_s']:.1f} s" + (f" here, {metrics['wall_time_s'] + earlier:.1f} s in all" if earlier else "")
     print(f"{metrics['dataset']['name']}: test {m} {t['mean']:.4f} ± {t['std']:.4f} over {len(t['values'])} seed(s); "
-          f"{metrics['params']:,} parameters; {metrics['wall_time_s']:.1f} s")
+          f"{metrics['params']:,} parameters; {took}")
     print(f"metrics: {Path(output) / 'metrics.json'}")
 
 

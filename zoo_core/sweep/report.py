@@ -47,6 +47,18 @@ def _better(metric: str, a: float, b: float) -> bool:
     return a > b if metric == "accuracy" else a < b
 
 
+def cell_wall(row: dict[str, Any]) -> float:
+    """A finished cell's wall-clock over all the invocations that trained it (``cell_wall_s``).
+
+    Rows written before zoo-core recorded it hold only the last invocation's ``wall_s``, which for a
+    cell resumed from its checkpoint leaves out the epochs run before; for those the sum of the
+    training epochs stands in where it is larger (still a lower bound: validation is not in it).
+    """
+    if row.get("cell_wall_s") is not None:
+        return float(row["cell_wall_s"])
+    return max(float(row["wall_s"]), float(sum(row.get("epoch_time_s") or [])))
+
+
 def configs(rows: list[dict[str, Any]]) -> dict[str, list[Config]]:
     """Dataset -> configurations, each seed's lr chosen on validation (the first of equals, as zoo train)."""
     cells: dict[tuple[str, str, tuple[tuple[str, str], ...], int], list[dict[str, Any]]] = defaultdict(list)
@@ -62,7 +74,7 @@ def configs(rows: list[dict[str, Any]]) -> dict[str, list[Config]]:
                 pick = r
         c = out.setdefault((dataset, spec, axes), Config(dataset, spec, dict(axes)))
         c.picks.append(pick)
-        c.walls.append(sum(r["wall_s"] for r in rs))
+        c.walls.append(sum(cell_wall(r) for r in rs))
     by: dict[str, list[Config]] = defaultdict(list)
     for c in out.values():
         c.picks.sort(key=lambda r: r["seed"])

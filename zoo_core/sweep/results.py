@@ -71,6 +71,8 @@ def make_row(cell: Cell, pay: Payload, out: Outcome, output: Path) -> dict[str, 
         "metric": m["metric"], "task": m["task"], "test": seed["test"], "val": seed["val"],
         "best_epoch": seed["best_epoch"], "epochs_run": run.get("epochs_run", len(run["history"])),
         "params": m["params"], "train_wall_s": m["wall_time_s"], "epoch_time_s": [h["time_s"] for h in run["history"]],
+        # wall_s is this invocation of zoo train; a cell resumed from its checkpoint spent more before it
+        "cell_wall_s": round(out["wall_s"] + m.get("earlier_wall_s", 0.0), 3),
         "model_dir": os.path.relpath(seed["model_dir"], output) if seed.get("model_dir") else None,
         "device": m.get("device"), "threads": pay.threads, "backends": run.get("backends"),
     })

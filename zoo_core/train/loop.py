@@ -221,14 +221,21 @@ def fit(model: nn.Module, train: SplitData, val: SplitData, test: SplitData, ctx
 
     Files in ``ctx.directory``: ``checkpoint/`` (resumable, atomic), ``best/`` (save_pretrained of
     the best validation epoch) and ``result.json`` (written last: a run with it is complete).
+
+    The run's ``wall_s`` is its time in ``fit`` summed over every invocation that worked on it (the
+    checkpoint carries the sum, so a resumed run is not timed from its resume; the part of an epoch
+    lost to a kill is not counted). The returned dict adds ``earlier_wall_s``, the part of it spent
+    before this invocation, so a caller can add it to its own clock; result.json does not hold it.
     """
+    started = time.perf_counter()
     d, cfg, task = ctx.directory, ctx.cfg, ctx.task
     if ctx.dist.is_main:  # before anything is read: a swap killed between its renames is restored first
         sweep_run_folder(d)
     ctx.dist.barrier()
     result_path = d / "result.json"
     if result_path.is_file():
-        return json.loads(result_path.read_text(encoding="utf-8"))
+        done = json.loads(result_path.read_text(encoding="utf-8"))
+        return {**done, "earlier_wall_s": _recorded_wall(done)}
     device = ctx.dist.device
     model.to(device)
     for line in backend_labels(model):  # bound for this device: a fallback shows here, not only in the speed
@@ -245,6 +252,7 @@ def fit(model: nn.Module, train: SplitData, val: SplitData, test: SplitData, ctx
     if (d / "checkpoint").is_dir():
         state = load_checkpoint(d / "checkpoint", model, optimizer)
         ctx.progress.line(f"resuming {d} after epoch {state['epochs_done']}")
+    earlier = _recorded_wall(state)
     scaler = grad_scaler(cfg.precision, device)  # 16-mixed only: float16 gradients underflow unscaled
     if scaler is not None and state.get("grad_scaler"):
         scaler.load_state_dict(state["grad_scaler"])
@@ -274,13 +282,22 @@ def fit(model: nn.Module, train: SplitData, val: SplitData, test: SplitData, ctx
         if epoch == cfg.epochs:
             state["finished"] = True
         # a new best/ is always followed by its checkpoint, so a resumed run never lags behind best/
+        state["wall_s"] = earlier + time.perf_counter() - started
         if ctx.dist.is_main and (state["finished"] or ok or epoch % cfg.save_every == 0):
             save_checkpoint(d / "checkpoint", model, optimizer, state)
         ctx.dist.barrier()
         ctx.progress.end_epoch(_describe(epoch, cfg.epochs, record, metric))
         if ctx.on_epoch_end is not None:
             ctx.on_epoch_end(epoch, record)
-    return _finish(model, state, va, te, ctx, metric, eval_bs)
+    result = _finish(model, state, va, te, ctx, metric, eval_bs, wall=lambda: earlier + time.perf_counter() - started)
+    return {**result, "earlier_wall_s": earlier}
+
+
+def _recorded_wall(record: dict[str, Any]) -> float:
+    """The wall a checkpoint's trainer state or a result.json holds; one written before zoo-core kept
+    it falls back to its training epochs' sum (a lower bound: validation and evaluation are not in it)."""
+    wall = record.get("wall_s")
+    return float(wall) if wall is not None else float(sum(h["time_s"] for h in record.get("history", [])))
 
 
 def _train_epoch(model: nn.Module, runner: nn.Module, optimizer: torch.optim.Optimizer, tr: dict[str, Tensor],
@@ -356,8 +373,9 @@ def _describe(epoch: int, total: int, record: dict[str, Any], metric: str) -> st
 
 
 def _finish(model: nn.Module, state: dict[str, Any], va: dict[str, Tensor], te: dict[str, Tensor], ctx: RunContext,
-            metric: str, eval_bs: int) -> dict[str, Any]:
-    """Reload the best epoch's weights, score validation and test, write result.json."""
+            metric: str, eval_bs: int, wall: Callable[[], float]) -> dict[str, Any]:
+    """Reload the best epoch's weights, score validation and test, write result.json (``wall()``: the
+    run's wall so far, across invocations)."""
     load_weights_file(model, ctx.directory / "best")
     times = [r["time_s"] for r in state["history"]]
     result = {
@@ -374,6 +392,7 @@ def _finish(model: nn.Module, state: dict[str, Any], va: dict[str, Tensor], te: 
         "history": state["history"],
         "model_dir": str(ctx.directory / "best"),
     }
+    result["wall_s"] = wall()  # after the evaluations, which are part of the run's cost
     if ctx.dist.is_main:
         atomic_write_file(ctx.directory / "result.json", (json.dumps(result, indent=1) + "\n").encode())
     ctx.dist.barrier()

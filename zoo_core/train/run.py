@@ -182,6 +182,8 @@ def train(
         "task": task, "metric": metric, "training": cfg.model_dump(mode="json"), "params": params,
         "world_size": dist.world, "device": str(dist.device), "seeds": seeds, "summary": summary,
         "epoch_time_s": _stats(epoch_times) if epoch_times else None, "wall_time_s": time.perf_counter() - started,
+        # the runs' time in earlier invocations (a resumed run, or one already finished): wall_time_s is this one's
+        "earlier_wall_s": sum(r["earlier_wall_s"] for s in seeds for r in s["runs"]),
     }
     if dist.is_main:
         png = plot_curves([r for s in seeds for r in s["runs"]], out / "curves.png", metric=metric,
