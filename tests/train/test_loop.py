@@ -32,17 +32,21 @@ def _weights(folder):
     return load_file(str(folder / "model.safetensors"))
 
 
-def test_resume_after_interruption_is_bit_for_bit(tmp_path, synth_registry):
-    spec = _spec(tmp_path)
-    full = train(spec, output=tmp_path / "full", registry=synth_registry, progress=QUIET)
-
+def _cut_after_two(spec, out, registry):
+    """Train until a callback interrupts the run after epoch 2; returns the run's folder."""
     def stop_after_two(epoch, record):
         if epoch == 2:
             raise Interrupted
 
     with pytest.raises(Interrupted):
-        train(spec, output=tmp_path / "cut", registry=synth_registry, progress=QUIET, on_epoch_end=stop_after_two)
-    trial = tmp_path / "cut" / "seed-0" / "lr-0.01"
+        train(spec, output=out, registry=registry, progress=QUIET, on_epoch_end=stop_after_two)
+    return out / "seed-0" / "lr-0.01"
+
+
+def test_resume_after_interruption_is_bit_for_bit(tmp_path, synth_registry):
+    spec = _spec(tmp_path)
+    full = train(spec, output=tmp_path / "full", registry=synth_registry, progress=QUIET)
+    trial = _cut_after_two(spec, tmp_path / "cut", synth_registry)
     state = json.loads((trial / "checkpoint" / "trainer.json").read_text())["trainer"]
     assert state["epochs_done"] == 2 and not (trial / "result.json").exists()
     with pytest.raises(ZooError, match="--resume"):
@@ -63,14 +67,7 @@ def test_resumed_run_keeps_the_wall_clock_of_its_earlier_invocations(tmp_path, s
     written before zoo-core kept it falls back to its epochs' sum), metrics.json says which part was
     earlier, and a finished run read back counts wholly as earlier."""
     spec = _spec(tmp_path)
-
-    def stop_after_two(epoch, record):
-        if epoch == 2:
-            raise Interrupted
-
-    with pytest.raises(Interrupted):
-        train(spec, output=tmp_path / "cut", registry=synth_registry, progress=QUIET, on_epoch_end=stop_after_two)
-    trial = tmp_path / "cut" / "seed-0" / "lr-0.01"
+    trial = _cut_after_two(spec, tmp_path / "cut", synth_registry)
     record = json.loads((trial / "checkpoint" / "trainer.json").read_text())
     if legacy:
         del record["trainer"]["wall_s"]
